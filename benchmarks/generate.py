@@ -26,38 +26,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.sandbox.random_model import random_llama
+
 TASK = "sandbox_addition"
 
 
 def build_random_model(out: Path, hidden: int, layers: int) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from harness.sandbox.tokenizer import make_tokenizer
-
-    tok = make_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=hidden // 32,
-        num_key_value_heads=hidden // 32,
-        head_dim=32,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        initializer_range=0.1,
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+    # EOS made likely enough that lengths vary
+    return random_llama(
+        out,
+        hidden=hidden,
+        layers=layers,
+        intermediate=4 * hidden,
+        max_positions=1024,
+        eos_boost=2.0,
     )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # make EOS likely enough that lengths vary
-        model.model.embed_tokens.weight[tok.eos_token_id] *= 2.0
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 def experiment(model_dir: str, results: Path, items: int, n: int, max_tokens: int, engine: str):

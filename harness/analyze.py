@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import plan, stats
+from harness import models, plan, stats
 from harness.config import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
 from harness.store import Store, atomic_write_json, atomic_write_text, read_jsonl
@@ -52,8 +52,8 @@ COLUMNS: dict[str, str] = {
     "mean_trace_tokens": "mean tokens of a training trace",
     "format_fail_rate": "share of the row's test completions with no extractable answer, in [0, 1]",
     "truncation_rate": "share of the row's test completions cut at max_tokens, in [0, 1]",
-    "student_size": "student parameters (the config's size; empty when not given)",
-    "teacher_size": "teacher parameters (the config's size; empty when not given)",
+    "student_size": "student parameters (the config's size, else counted in its local safetensors; empty if unknown)",
+    "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "eval_key": "eval cell the row scores",
     "adapter_key": "adapter cell of a distilled row",
     "traces_key": "traces cell of the row's teacher on this task",
@@ -212,7 +212,7 @@ def _index(cells: list[plan.CellSpec]) -> dict[tuple, plan.CellSpec]:
 def leaderboard(exp: Experiment, store: Store) -> tuple[pd.DataFrame, dict[str, int]]:
     """Rows of every teacher, baseline and distilled cell of the grid, and the missing-cell counts."""
     idx, reader, rows = _index(plan.expand(exp)), _Reader(store), []
-    sizes = {m.name: m.size for m in (*exp.teachers, *exp.students)}
+    sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     for task in (t.name for t in exp.tasks):
         teachers = {
             t.name: _teacher_row(reader, idx["teacher", task, t.name], idx["traces", task, t.name])

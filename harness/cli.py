@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from harness import progress
 from harness.errors import UserError
 
 app = typer.Typer(
@@ -61,8 +62,8 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")
     _STATE["debug"] = debug
 
 
-def _console():
-    return Console(stderr=True)
+def _console(stderr: bool = True) -> Console:
+    return progress.console(stderr)
 
 
 def _load(config: Path):
@@ -103,7 +104,7 @@ def ls_tasks() -> None:
             str(row["extractor"]),
             str(row["splits"]),
         )
-    Console().print(table)
+    _console(stderr=False).print(table)
 
 
 @ls_app.command("items")
@@ -135,7 +136,7 @@ def ls_cells(config: ConfigArg) -> None:
         state = "complete" if manifest else "partial"
         wall = f"{manifest['wall_s']:.1f}" if manifest else ""
         table.add_row(kind, key, state, labels.get(key, "(not in this config)"), wall)
-    Console().print(table)
+    _console(stderr=False).print(table)
 
 
 @app.command("plan")
@@ -208,7 +209,7 @@ def _print_summary(leaderboard: Path) -> None:
             gain = f"[red]{gain}[/]"
         accs = (pct(r["teacher_acc"]), pct(r["base_acc"]), pct(r["post_acc"]))
         table.add_row(r["task"], r["student"], r["teacher"], r["regime"], *accs, gain)
-    Console().print(table)
+    _console(stderr=False).print(table)
 
 
 def _stage(config: Path, stage: str, wait: float, **filters: str | None) -> None:

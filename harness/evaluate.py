@@ -31,8 +31,8 @@ from harness.config import AnalysisConfig, EvalConfig, Experiment
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS, EMIT_EVERY_S, _ProgressBar
-from harness.store import Store, safe_name
+from harness.generate import CHUNK_SEQS, EMIT_EVERY_S
+from harness.store import Store
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -59,24 +59,18 @@ def run(
     model = models.pop()
     # Resolved here, so that a missing adapter fails before any engine starts.
     served = {c.key: served_by(store, c) for c in cells}
-    log_path = store.root / "logs" / f"evaluate-{safe_name(model)}.log"
-    with _ProgressBar(progress, model) as bar:
-        try:
-            return engines.run_in_child(
-                work,
-                exp,
-                str(store.root),
-                cells,
-                served,
-                chunk_seqs,
-                label=f"evaluate ({model}: {', '.join(c.label for c in cells)})",
-                log_path=log_path,
-                on_event=bar.update,
-                inprocess=inprocess,
-            )
-        except engines.ChildFailed as e:
-            where = f"cell {bar.cell}" if bar.cell else "starting the engine"
-            raise engines.ChildFailed(f"eval stage failed at {where}: {e}") from None
+    args = (exp, str(store.root), cells, served, chunk_seqs)
+    logs = store.root / "logs"
+    return engines.run_stage(
+        "evaluate",
+        model,
+        work,
+        *args,
+        cells=cells,
+        log_dir=logs,
+        progress=progress,
+        inprocess=inprocess,
+    )
 
 
 def served_by(store: Store, cell: Any) -> tuple[str | None, str | None]:

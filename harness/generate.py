@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from harness import engines, tasks
 from harness.config import Experiment
 from harness.engines import Engine, Request, Sample, Sampling
-from harness.store import Store, atomic_write_bytes, safe_name
+from harness.store import Store, atomic_write_bytes
 
 if TYPE_CHECKING:
     from harness.plan import CellSpec
@@ -49,23 +49,18 @@ def run(
     if len(teachers) != 1 or any(c.kind != "traces" for c in cells):
         raise ValueError(f"generate.run takes traces cells of one teacher, got {sorted(teachers)}")
     teacher = teachers.pop()
-    log_path = store.root / "logs" / f"generate-{safe_name(teacher)}.log"
-    with _ProgressBar(progress, teacher) as bar:
-        try:
-            return engines.run_in_child(
-                work,
-                exp,
-                str(store.root),
-                cells,
-                chunk_seqs,
-                label=f"generate ({teacher}: {', '.join(c.label for c in cells)})",
-                log_path=log_path,
-                on_event=bar.update,
-                inprocess=inprocess,
-            )
-        except engines.ChildFailed as e:
-            where = f"cell {bar.cell}" if bar.cell else "starting the engine"
-            raise engines.ChildFailed(f"traces stage failed at {where}: {e}") from None
+    args = (exp, str(store.root), cells, chunk_seqs)
+    logs = store.root / "logs"
+    return engines.run_stage(
+        "generate",
+        teacher,
+        work,
+        *args,
+        cells=cells,
+        log_dir=logs,
+        progress=progress,
+        inprocess=inprocess,
+    )
 
 
 def work(
@@ -234,55 +229,3 @@ def summarize(
         "generation_s": round(gen_s, 3),
         "tokens_per_s": round(tokens / gen_s, 1) if gen_s > 0 else None,
     }
-
-
-class _ProgressBar:
-    """A Rich progress bar fed by the child's events: samples done, tokens/s, ETA."""
-
-    def __init__(self, enabled: bool, teacher: str):
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        console = Console(stderr=True)
-        self.cell: str | None = None
-        self.tokens, self.start = 0, None
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[speed]}"),
-            TimeRemainingColumn(),
-            console=console,
-            disable=not (enabled and console.is_terminal),
-        )
-        self.task = self.progress.add_task(f"traces {teacher}", total=None, speed="")
-
-    def update(self, event: dict[str, Any]) -> None:
-        p, t = self.progress, self.task
-        if "total" in event:
-            p.update(t, total=event["total"])
-        if "status" in event:
-            p.update(t, description=event["status"])
-        if "cell" in event:
-            self.cell = event["cell"]
-            p.update(t, description=event["cell"])
-        if "skipped" in event:  # resumed samples are not this run's work: shrink the total
-            p.update(t, total=p.tasks[0].total - event["skipped"])
-            self.start = self.start or time.perf_counter()
-        if "samples" in event:
-            self.tokens += event.get("tokens", 0)
-            speed = self.tokens / max(1e-9, time.perf_counter() - self.start)
-            p.update(t, advance=event["samples"], speed=f"{speed:,.0f} tok/s")
-
-    def __enter__(self) -> _ProgressBar:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()

@@ -9,6 +9,7 @@ A model entry's `path` is a local directory, a hub id (`Qwen/Qwen2.5-0.5B-Instru
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,31 @@ def resolve(spec: ModelSpec) -> str:
         raise UserError(
             f"model {spec.name!r}: could not fetch {spec.path!r} from the hub: {e}"
         ) from None
+
+
+def param_count(spec: ModelSpec) -> int | None:
+    """Parameters in the model's safetensors files, read from their headers (no weights loaded).
+
+    None when the model is not on this machine (a hub id missing from the local cache: nothing is
+    downloaded for this) or has no safetensors files.
+    """
+    from safetensors import safe_open
+
+    try:
+        if spec.path.startswith(SANDBOX_PREFIX) or Path(spec.path).expanduser().is_dir():
+            d = Path(resolve(spec))
+        else:
+            from huggingface_hub import snapshot_download
+
+            d = Path(snapshot_download(spec.path, revision=spec.revision, local_files_only=True))
+    except Exception:  # not available locally, for whatever reason: the size stays unknown
+        return None
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                total += math.prod(st.get_slice(name).get_shape())
+    return total

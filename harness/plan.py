@@ -207,14 +207,20 @@ def execute(
     work = todo(exp, cells, store, only=only, log=log)
     counts = {"traces": 0, "dataset": 0, "adapter": 0, "eval": 0}
     skipped: set[str] = set()
+    done = 0
     # Stage order; within a stage, cells of one model share an engine session.
     for kind in ("traces", "eval_pre", "dataset", "adapter", "eval"):
         real_kind = "eval" if kind == "eval_pre" else kind
         batch = [c for c in _batch(work, kind) if not skip(store, c, skipped, log)]
         for group in _group(batch):
-            log(f"{real_kind}: {len(group)} cell(s) for {group[0].meta.get('model')}")
+            model = group[0].meta.get("model")
+            what = (
+                group[0].label if len(group) == 1 else f"{real_kind}: {len(group)} cells of {model}"
+            )
+            log(f"[{done}/{len(work)} cells done] {what}")
             run_group(exp, store, real_kind, group)
             counts[real_kind] += len(group)
+            done += len(group)
     return counts
 
 
@@ -392,12 +398,13 @@ def estimate(exp: Experiment, cells: list[CellSpec]) -> dict[str, float]:
 
 def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[CellSpec]:
     """Print the plan: cells (grouped when there are many), their state, and the work to do."""
-    from rich.console import Console
     from rich.table import Table
+
+    from harness import progress
 
     cells = unique(expand(exp))
     todo = missing(store, cells)
-    console = Console()
+    console = progress.console()
     if every_cell or len(cells) <= 200:
         table = Table(
             "#", "kind", "cell", "key", "state", "needs", title=f"{exp.name}: cells in run order"

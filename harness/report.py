@@ -182,9 +182,7 @@ def _capacity_gap(r: dict[str, Any]) -> str:
     if not scored:
         return "## Capacity gap\n\nNo distilled cell is scored yet."
     parts = ["## Capacity gap", "Teachers ranked by post (mean over seeds):"]
-    ranks = [
-        [g["task"], g["student"], g["regime"], " > ".join(_ranked(g["ranking"]))] for g in scored
-    ]
+    ranks = [[g["task"], g["student"], g["regime"], _ranked(g["ranking"])] for g in scored]
     parts.append(md_table(["task", "student", "regime", "ranking by post"], ranks))
     parts.extend(_overall_text(reg, o) for reg, o in r["overall"].items() if o["n_best_judged"])
     parts.append(
@@ -218,8 +216,15 @@ def _rho_short(c: dict[str, Any]) -> str:
     return "n/a" if _nan(c["rho"]) else f"{c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
 
 
-def _ranked(ranking: list[dict[str, Any]]) -> list[str]:
-    return [f"{t['teacher']} {pts(t['post_acc'])}" for t in ranking if not _nan(t["post_acc"])]
+def _ranked(ranking: list[dict[str, Any]]) -> str:
+    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie."""
+    shown = [(t["teacher"], pts(t["post_acc"])) for t in ranking if not _nan(t["post_acc"])]
+    out = ""
+    for i, (teacher, post) in enumerate(shown):
+        if i:
+            out += " = " if post == shown[i - 1][1] else " > "
+        out += f"{teacher} {post}"
+    return out
 
 
 def _overall_text(regime: str, o: dict[str, Any]) -> str:

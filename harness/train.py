@@ -186,6 +186,7 @@ def run(exp: Experiment, store: Store, cell: Any, merge: bool = False) -> dict:
             "train": cell.config["train"],
             "seed": cell.config["seed"],
             "merge": merge,
+            "label": cell.label,
         }
         out.write_json("job.json", job)
         rc = subprocess.run(worker_command(out.dir.resolve(), cfg)).returncode
@@ -250,20 +251,22 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model.train()
     began = time.perf_counter() - progress["elapsed"]
-    for step in range(progress["step"] + 1, total + 1):
-        if owner_pid and not _alive(owner_pid):
-            sys.exit(f"the cotgap process {owner_pid} that started this worker is gone; stopping.")
-        batches = [collate(data, next(stream), pad) for _ in range(ga)]
-        lr = optimizer.param_groups[0]["lr"]
-        loss, counts = _step(acc, model, optimizer, scheduler, batches, cfg.max_grad_norm)
-        progress["step"], progress["elapsed"] = step, round(time.perf_counter() - began, 3)
-        progress["tokens"] += int(counts[1])
-        progress["positions"] += int(counts[2])
-        if log:
-            keys = ("step", "tokens", "elapsed")
-            log.write({"loss": round(loss, 6), "lr": lr, **{k: progress[k] for k in keys}})
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
-            _checkpoint(acc, cell_dir, progress)
+    with _progress_bar(acc, job, progress["step"], total) as bar:
+        for step in range(progress["step"] + 1, total + 1):
+            if owner_pid and not _alive(owner_pid):
+                sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
+            batches = [collate(data, next(stream), pad) for _ in range(ga)]
+            lr = optimizer.param_groups[0]["lr"]
+            loss, counts = _step(acc, model, optimizer, scheduler, batches, cfg.max_grad_norm)
+            progress["step"], progress["elapsed"] = step, round(time.perf_counter() - began, 3)
+            progress["tokens"] += int(counts[1])
+            progress["positions"] += int(counts[2])
+            if log:
+                keys = ("step", "tokens", "elapsed")
+                log.write({"loss": round(loss, 6), "lr": lr, **{k: progress[k] for k in keys}})
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+                _checkpoint(acc, cell_dir, progress)
+            bar.update({"fields": f"loss {loss:.3f}", "samples": 1, "tokens": int(counts[1])})
     _save(acc, model, tok, cell_dir, job["merge"], cfg.method)
     summary = {}
     if log:
@@ -272,6 +275,15 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
         atomic_write_json(cell_dir / "summary.json", summary)
     acc.end_training()
     return summary
+
+
+def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
+    """Steps done, tokens/s and the loss, shown by the main process (the others stay quiet)."""
+    from harness.progress import StageProgress
+
+    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
+    bar.update({"total": total - done})
+    return bar
 
 
 def _accelerator(cfg: TrainConfig) -> Any:
@@ -332,8 +344,10 @@ def collate(data: Sequence[tuple[list[int], int]], indices: Sequence[int], pad_i
 
 def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, Any, Any]:
     import peft
+    import transformers
     from transformers import AutoModelForCausalLM, get_scheduler
 
+    transformers.utils.logging.disable_progress_bar()  # our own bar shows the training steps
     # A frozen base may sit in bf16; what trains stays fp32 (peft keeps adapters in fp32).
     dtype = torch.bfloat16 if cfg.bf16 and cfg.method == "lora" else torch.float32
     remote = job["trust_remote_code"]

@@ -26,6 +26,7 @@ from harness.engines import ChildFailed, Request, Sampling, emit, load, run_in_c
 from harness.engines.base import Engine, cpu_env_defaults, request_seed, vllm_lora_rank
 from harness.engines.vllm_engine import engine_kwargs
 from harness.errors import UserError
+from harness.sandbox.random_model import random_llama
 
 ENGINE_NAMES = ("vllm", "hf")
 PROMPTS = [
@@ -46,35 +47,9 @@ LORA_RANK = 8
 
 @functools.cache
 def tiny_model_dir(base: Path) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from harness.sandbox.tokenizer import make_tokenizer
-
-    out = base / "tiny-llama"
-    tok = make_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        initializer_range=0.1,  # sharper logits than the default: no near-ties between engines
-        bos_token_id=None,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
+    return random_llama(
+        base / "tiny-llama", tie_embeddings=True, max_positions=512, eos_boost=3.0, head_dim=32
     )
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.model.embed_tokens.weight[tok.eos_token_id] *= 3.0
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @functools.cache

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import sandbox_grid
 
 from harness import plan
 from harness.config import load_experiment
@@ -29,27 +30,7 @@ from harness.store import Store
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]
 KILLS = 20
-
-GRID = {
-    "name": "faults",
-    "teachers": [
-        {"name": "t-small", "path": "sandbox:test-teacher-s"},
-        {"name": "t-large", "path": "sandbox:test-teacher-l"},
-    ],
-    "students": [{"name": "stu", "path": "sandbox:test-student"}],
-    "tasks": [{"name": "sandbox_coin_flip", "train_limit": 32, "test_limit": 24}],
-    "generate": {"n": 2, "temperature": 0.8, "max_tokens": 160, "seed": 0},
-    "train": {
-        "lr": 5e-3,
-        "max_steps": 12,
-        "per_device_batch_size": 8,
-        "max_length": 256,
-        "checkpoint_every": 3,
-        "regimes": ["per_teacher", "intersection"],
-    },
-    "evaluate": {"max_tokens": 160},
-    "analysis": {"bootstrap_samples": 200},
-}
+REGIMES = ["per_teacher", "intersection"]
 
 
 def progress(root: Path) -> int:
@@ -97,7 +78,8 @@ def artefacts(root: Path) -> dict[str, bytes]:
 
 def write(tmp: Path, name: str) -> Path:
     config = tmp / f"{name}.yaml"
-    config.write_text(yaml.safe_dump({**GRID, "results_dir": str(tmp / name)}))
+    grid = sandbox_grid("faults", tmp / name, checkpoint_every=3, regimes=REGIMES)
+    config.write_text(yaml.safe_dump(grid))
     return config
 
 

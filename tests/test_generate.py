@@ -224,7 +224,7 @@ def test_failure_names_the_stage_and_its_log(models_dir, tmp_path):
     with pytest.raises(engines.ChildFailed) as e:
         generate.run(exp, Store(exp.root), cells, progress=False, inprocess=False)
     msg = str(e.value)
-    assert "traces stage failed at starting the engine" in msg
+    assert "generate stage failed at starting the engine" in msg
     assert str(exp.root / "logs" / f"generate-{TEACHER}.log") in msg
     assert not any(Store(exp.root).complete("traces", c.key) for c in cells)
 
@@ -255,13 +255,3 @@ def test_summary_yield_and_accuracy():
     s = generate.summarize(recs, n_items=2, n=2, tokens=100, gen_s=2.0)
     assert (s["yield"], s["accuracy"], s["truncation_rate"]) == (0.5, 0.25, 0.25)
     assert s["mean_completion_tokens"] == 25 and s["tokens_per_s"] == 50
-
-
-def test_progress_bar_follows_events():
-    bar = generate._ProgressBar(enabled=False, teacher="t")
-    with bar:
-        for event in [{"total": 10}, {"status": "starting"}, {"cell": "traces:t/x"}, {"skipped": 4},
-                      {"samples": 3, "tokens": 30}, {"samples": 3, "tokens": 30}]:  # fmt: skip
-            bar.update(event)
-    task = bar.progress.tasks[0]
-    assert (task.total, task.completed, bar.cell, bar.tokens) == (6, 6, "traces:t/x", 60)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import sandbox_grid
 
 from harness.sandbox import zoo
 
@@ -24,31 +25,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def grid(results: Path, teachers: list[dict], regimes: list[str]) -> dict:
-    return {
-        "name": "grid",
-        "results_dir": str(results),
-        "teachers": teachers,
-        "students": [{"name": "stu", "path": "sandbox:test-student", "size": 8.9e4}],
-        "tasks": [{"name": "sandbox_coin_flip", "train_limit": 48, "test_limit": 40}],
-        "generate": {"n": 2, "temperature": 0.8, "max_tokens": 160, "seed": 0},
-        "train": {
-            "lr": 5e-3,
-            "max_steps": 12,
-            "per_device_batch_size": 8,
-            "max_length": 256,
-            "regimes": regimes,
-            "lora": {"r": 8, "alpha": 16},
-        },
-        "evaluate": {"max_tokens": 160},
-        "analysis": {"bootstrap_samples": 200},
-    }
-
-
-TEACHERS = [
-    {"name": "t-small", "path": "sandbox:test-teacher-s", "size": 2.3e5},
-    {"name": "t-large", "path": "sandbox:test-teacher-l", "size": 6.0e5},
-]
+def grid(results: Path, regimes: list[str]) -> dict:
+    return sandbox_grid(
+        "grid", results, train_limit=48, test_limit=40, regimes=regimes, lora={"r": 8, "alpha": 16}
+    )
 
 
 def cotgap(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -77,9 +57,7 @@ def first_run(tmp_path_factory):
     zoo.build(profile="test", progress=False)
     tmp = tmp_path_factory.mktemp("grid")
     config = tmp / "grid.yaml"
-    config.write_text(
-        yaml.safe_dump(grid(tmp / "results", TEACHERS, ["per_teacher", "intersection"]))
-    )
+    config.write_text(yaml.safe_dump(grid(tmp / "results", ["per_teacher", "intersection"])))
     start = time.time()
     out = cotgap("run", str(config))
     return config, tmp / "results" / "grid", time.time() - start, out

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import TEST_TEACHERS, sandbox_grid
 
 from harness import analyze, plan
 from harness.config import load_experiment
@@ -20,17 +21,6 @@ from harness.store import Store
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.faults]  # not yet verified green: make test-slow
-
-SUBGRID = {
-    "name": "raygrid",
-    "teachers": [{"name": "t-small", "path": "sandbox:test-teacher-s"}],
-    "students": [{"name": "stu", "path": "sandbox:test-student"}],
-    "tasks": [{"name": "sandbox_coin_flip", "train_limit": 32, "test_limit": 24}],
-    "generate": {"n": 2, "temperature": 0.8, "max_tokens": 160, "seed": 0},
-    "train": {"lr": 5e-3, "max_steps": 8, "per_device_batch_size": 8, "max_length": 256},
-    "evaluate": {"max_tokens": 160},
-    "analysis": {"bootstrap_samples": 200},
-}
 
 
 def _killer(root: Path, stop: threading.Event, killed: list[int]) -> None:
@@ -69,7 +59,7 @@ def test_ray_matches_local_and_survives_a_killed_worker(tmp_path):
     zoo.build(profile="test", progress=False)
     configs = {}
     for name in ("local", "ray"):
-        data = {**SUBGRID, "results_dir": str(tmp_path / name)}
+        data = sandbox_grid("raygrid", tmp_path / name, teachers=TEST_TEACHERS[:1], max_steps=8)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(data))
         configs[name] = load_experiment(tmp_path / f"{name}.yaml")
 

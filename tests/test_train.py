@@ -26,6 +26,7 @@ from harness import plan, train
 from harness.config import Experiment, TrainConfig
 from harness.errors import UserError
 from harness.plan import CellSpec
+from harness.sandbox.random_model import random_llama
 from harness.store import Store, read_jsonl
 
 END = "<|end|>"
@@ -47,30 +48,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-init 2-layer Llama (hidden 64) with the sandbox char tokenizer: loads in vLLM.
     Initialised wider than the default 0.02: LoRA leaves lm_head and the final norm frozen, and at
     0.02 they cap every logit near 1, so no adapter could bring the loss far below 3.5."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from harness.sandbox.tokenizer import make_tokenizer
-
-    tok = make_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-        initializer_range=0.1,
+    return random_llama(
+        tmp_path_factory.mktemp("tiny-llama"), tie_embeddings=False, max_positions=256
     )
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 def experiment(model_dir: Path, root: Path, teachers: list[str], **train: Any) -> Experiment:

@@ -41,6 +41,7 @@ __all__ = [
     "load",
     "request_seed",
     "run_in_child",
+    "run_stage",
 ]
 
 ENGINES: dict[str, type[Engine]] = {"vllm": VllmEngine, "hf": HFEngine}
@@ -145,6 +146,37 @@ def run_in_child(
     if child.returncode == 0 and outcome and outcome[0] == "result":
         return outcome[1]
     raise _failure(label, log_path, child.returncode, outcome)
+
+
+def run_stage(
+    stage: str,
+    model: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    cells: list,
+    log_dir: Path,
+    progress: bool = True,
+    inprocess: bool | None = None,
+) -> Any:
+    """`run_in_child(fn, *args)` for one engine stage over `cells` of one `model`, with a progress
+    bar fed by the child's events and its log in `log_dir/<stage>-<model>.log`. A failure names
+    the cell the child was working on (the last `cell` event), or says it died starting."""
+    from harness.progress import StageProgress
+    from harness.store import safe_name
+
+    with StageProgress(f"{stage} {model}", enabled=progress) as bar:
+        try:
+            return run_in_child(
+                fn,
+                *args,
+                label=f"{stage} ({model}: {', '.join(c.label for c in cells)})",
+                log_path=Path(log_dir) / f"{stage}-{safe_name(model)}.log",
+                on_event=bar.update,
+                inprocess=inprocess,
+            )
+        except ChildFailed as e:
+            where = f"cell {bar.cell}" if bar.cell else "starting the engine"
+            raise ChildFailed(f"{stage} stage failed at {where}: {e}") from None
 
 
 def _failure(

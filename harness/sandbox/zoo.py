@@ -269,7 +269,7 @@ def _train_and_save(name: str, out: Path, report: Callable[..., None]) -> dict:
         model, stats = _pretrain(name, recipe, report)
         tokenizer = make_tokenizer()
         accuracy = evaluate(model, tokenizer, [g for g, _ in recipe.mixture], recipe.eval_items)
-        report(name, done=True, accuracy=accuracy)
+        report(name, accuracy=accuracy)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         GenerationConfig(
@@ -318,7 +318,7 @@ def _pretrain(name: str, recipe: Recipe, report: Callable[..., None]) -> tuple[A
         lr=recipe.lr,
         betas=(0.9, 0.95),
     )
-    report(name, start=True, total=recipe.steps, params=params)
+    report(name, {"total": recipe.steps}, params=params)
     model.train()
     tokens = loss_ema = 0.0
     for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
@@ -333,7 +333,7 @@ def _pretrain(name: str, recipe: Recipe, report: Callable[..., None]) -> tuple[A
         opt.zero_grad(set_to_none=True)
         tokens += n_tokens
         loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
-        report(name, advance=1, loss=loss_ema, tok_s=tokens / (time.time() - start))
+        report(name, {"fields": f"loss {loss_ema:.3f}", "samples": 1, "tokens": n_tokens})
     model.eval()
     stats = {
         "params": params,
@@ -394,53 +394,38 @@ def evaluate(
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Callable[..., None]]:
-    if not enabled:
-        yield lambda *a, **k: None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """`report(name, event, params=, accuracy=)`: a `StageProgress` per model being built (steps,
+    tokens/s, loss); `params` starts a model's bar, `accuracy` ends it with one summary line."""
+    from harness.progress import StageProgress
 
-    console = Console(stderr=True)
-    columns = (
-        TextColumn("[bold]{task.description:<16}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
-        ids: dict[str, Any] = {}
+    bars: dict[str, StageProgress] = {}
 
-        def report(
-            name: str,
-            start=False,
-            total=0,
-            params=0,
-            advance=0,
-            loss=0.0,
-            tok_s=0.0,
-            done=False,
-            accuracy=None,
-        ):
-            if start:
-                ids[name] = bar.add_task(name, total=total, info=f"{params / 1e6:.2f}M params")
-            elif done:
-                acc = " ".join(f"{g}={a:.0%}" for g, a in accuracy.items())
-                bar.update(ids[name], info=acc)
-            else:
-                bar.update(
-                    ids[name], advance=advance, info=f"loss {loss:.3f}  {tok_s / 1e3:.0f}k tok/s"
-                )
+    def report(name: str, event: dict | None = None, params: int | None = None, accuracy=None):
+        if params is not None:
+            bars[name] = StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", enabled)
+            bars[name].__enter__()
+        if event:
+            bars[name].update(event)
+        if accuracy is not None:
+            bars.pop(name).__exit__()
+            if enabled:
+                scores = "  ".join(f"{g} {a:.0%}" for g, a in accuracy.items())
+                print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
 
+    try:
         yield report
+    finally:
+        for bar in bars.values():
+            bar.__exit__()
 
 
 def build_cli(names: list[str] | None, profile: str) -> None:
     """`cotgap sandbox build [NAMES...] --profile demo|test`: build, then print the zoo's table."""
     import json
 
-    from rich.console import Console
     from rich.table import Table
+
+    from harness.progress import console
 
     dirs = build(names or None, progress=True, profile=profile)
     table = Table(title=f"sandbox zoo ({zoo_dir()})")
@@ -457,4 +442,4 @@ def build_cli(names: list[str] | None, profile: str) -> None:
             acc,
             str(path),
         )
-    Console().print(table)
+    console().print(table)

@@ -1,0 +1,42 @@
+"""Stage progress: a log (stderr not a terminal) still shows each cell and, sparsely, the rate."""
+
+from __future__ import annotations
+
+from harness import progress
+from harness.progress import StageProgress
+
+
+def test_plain_lines_name_cells_and_are_throttled(capsys, monkeypatch):
+    clock = iter(float(t) for t in range(0, 1000, 5))  # every perf_counter call: 5 s later
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    with StageProgress("generate t-large") as bar:  # pytest's stderr is not a terminal
+        bar.update({"total": 100})
+        bar.update({"cell": "traces t-large x addition"})
+        for _ in range(20):
+            bar.update({"samples": 5, "tokens": 500})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "  generate t-large: traces t-large x addition"
+    rates = lines[1:]
+    # 20 updates 5-10 s apart, at most one line per 30 s: far fewer lines than updates
+    assert 1 <= len(rates) <= 8, rates
+    assert rates[-1].startswith("  generate t-large: ") and "/100 done" in rates[-1]
+    assert "tok/s" in rates[-1]
+
+
+def test_resumed_work_shrinks_the_total_and_disabled_prints_nothing(capsys):
+    with StageProgress("evaluate s", enabled=False) as bar:
+        bar.update({"total": 50})
+        bar.update({"skipped": 20})
+        bar.update({"cell": "eval s"})
+        bar.update({"samples": 3, "tokens": 30})
+    assert bar.total == 30 and bar.done == 3 and bar.cell == "eval s"
+    assert capsys.readouterr().err == ""
+
+
+def test_bar_follows_events():
+    with StageProgress("traces t", enabled=False) as bar:
+        for event in [{"total": 10}, {"status": "starting"}, {"cell": "traces:t/x"}, {"skipped": 4},
+                      {"samples": 3, "tokens": 30}, {"samples": 3, "tokens": 30}]:  # fmt: skip
+            bar.update(event)
+    task = bar.progress.tasks[0]
+    assert (task.total, task.completed, bar.cell, bar.tokens) == (6, 6, "traces:t/x", 60)
