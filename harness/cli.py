@@ -66,6 +66,13 @@ def _console(stderr: bool = True) -> Console:
     return progress.console(stderr)
 
 
+def _log(message: str) -> None:
+    """What a run is doing, on stderr with the progress bars (stdout keeps the results)."""
+    from rich.markup import escape
+
+    _console().print(escape(message))
+
+
 def _load(config: Path):
     from harness.config import load_experiment
 
@@ -175,11 +182,12 @@ def run(
     start = time.time()
     with store.lock(timeout=wait):
         counts = plan.run_all(
-            exp, store, only=only, executor=executor or exp.executor, address=address
+            exp, store, only=only, executor=executor or exp.executor, address=address, log=_log
         )
         if only is None:
             from harness import analyze
 
+            _log("analysis: leaderboard, capacity-gap statistics, report and plots")
             out = analyze.run(exp, store)
             _print_summary(out / "leaderboard.csv")
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
@@ -225,7 +233,7 @@ def _stage(config: Path, stage: str, wait: float, **filters: str | None) -> None
     store = Store(exp.root)
     cells = plan.select(plan.expand(exp), **filters)
     with store.lock(timeout=wait):
-        counts = plan.execute(exp, cells, store, only=stage, log=lambda m: _console().print(m))
+        counts = plan.execute(exp, cells, store, only=stage, log=_log)
     _console().print(f"{stage}: computed {sum(counts.values())} cell(s)")
 
 

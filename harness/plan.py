@@ -213,15 +213,18 @@ def execute(
         real_kind = "eval" if kind == "eval_pre" else kind
         batch = [c for c in _batch(work, kind) if not skip(store, c, skipped, log)]
         for group in _group(batch):
-            model = group[0].meta.get("model")
-            what = (
-                group[0].label if len(group) == 1 else f"{real_kind}: {len(group)} cells of {model}"
-            )
-            log(f"[{done}/{len(work)} cells done] {what}")
+            log(f"[{done}/{len(work)} cells done] {group_label(real_kind, group)}")
             run_group(exp, store, real_kind, group)
             counts[real_kind] += len(group)
             done += len(group)
     return counts
+
+
+def group_label(kind: str, group: list[CellSpec]) -> str:
+    """`traces:teacher/t/task` for one cell, `eval: 12 cells of student-s` for a group."""
+    if len(group) == 1:
+        return group[0].label
+    return f"{kind}: {len(group)} cells of {group[0].meta.get('model')}"
 
 
 def skip(store: Store, cell: CellSpec, skipped: set[str], log: Callable[[str], None]) -> bool:
@@ -330,14 +333,16 @@ def run_all(
     only: str | None = None,
     executor: str = "local",
     address: str | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, int]:
     """Every missing cell of the experiment, on the chosen executor."""
     cells = expand(exp)
     if executor == "ray":
         from harness import ray_executor
 
-        return ray_executor.run(exp, store, cells, only=only, address=address or exp.ray.address)
-    return execute(exp, cells, store, only=only)
+        address = address or exp.ray.address
+        return ray_executor.run(exp, store, cells, only=only, address=address, log=log)
+    return execute(exp, cells, store, only=only, log=log)
 
 
 def evaluate_adapter(

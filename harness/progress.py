@@ -61,12 +61,18 @@ class StageProgress:
 
     def update(self, event: dict[str, Any]) -> None:
         p, t = self.progress, self.task
+        # The rate's clock starts at the first cell (the engine is up by then), else at the total.
         if "total" in event:
+            if self.total is None:
+                self._plain(f"{self.description}: {event['total']} to do", force=True)
             self.total = event["total"]
             p.update(t, total=self.total)
+            self.start = self.start or time.perf_counter()
         if "status" in event:
             p.update(t, description=event["status"])
         if "cell" in event:
+            if self.cell is None:
+                self.start = time.perf_counter()
             self.cell = event["cell"]
             p.update(t, description=event["cell"])
             self._plain(f"{self.description}: {self.cell}", force=True)
@@ -75,7 +81,6 @@ class StageProgress:
             if self.total is not None:
                 self.total -= event["skipped"]
                 p.update(t, total=self.total)
-            self.start = self.start or time.perf_counter()
         if "fields" in event:
             self.extra = event["fields"]
         if "samples" in event:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from harness import plan
@@ -57,11 +58,12 @@ def run(
     cells: list[plan.CellSpec],
     only: str | None = None,
     address: str | None = None,
+    log: Callable[[str], None] = print,
 ) -> dict[str, int]:
     """Compute every missing cell among `cells` on a Ray cluster; same results as the local executor."""
     ray = _init(address)
     has_gpus = ray.cluster_resources().get("GPU", 0) > 0
-    todo = plan.todo(exp, cells, store, only=only, log=print)
+    todo = plan.todo(exp, cells, store, only=only, log=log)
     remote = ray.remote(_cell_task)
     pending = {c.key: c for c in todo}
     done: set[str] = set()
@@ -70,17 +72,19 @@ def run(
     exp_data = exp.model_dump(mode="json")
 
     def ready(c: plan.CellSpec) -> bool:
+        """Every input is done, skipped, or not this run's work (complete already, or not asked
+        for); an input still pending or running is not ready."""
         return all(
-            u in done or u in skipped or store.complete_any(u) or u not in pending
-            for u in c.upstream
+            u in done or u in skipped or (u not in pending and u not in running) for u in c.upstream
         )
 
     skipped: set[str] = set()
+    running: set[str] = set()
     while pending or in_flight:
         for kind, group in plan.ready_groups([c for c in pending.values() if ready(c)]):
             for c in group:
                 pending.pop(c.key)
-            group = [c for c in group if not plan.skip(store, c, skipped, print)]
+            group = [c for c in group if not plan.skip(store, c, skipped, log)]
             if not group:
                 continue
             need = plan.resources(exp, group[0], gpus_available=has_gpus)
@@ -92,6 +96,8 @@ def run(
                 name=f"cotgap-{kind}-{group[0].key}",
             ).remote(exp_data, str(store.root), kind, group)
             in_flight[ref] = (kind, group)
+            running.update(c.key for c in group)
+            log(f"[{len(done)}/{len(todo)} cells done] {plan.group_label(kind, group)} (Ray task)")
         if not in_flight:
             if pending:
                 raise UserError(f"{len(pending)} cell(s) can never run: their inputs are missing.")
@@ -102,13 +108,27 @@ def run(
             try:
                 ray.get(ref)
             except Exception as e:  # Ray wraps worker deaths and task errors in several types
-                log = store.root / "logs" / f"{kind}-{group[0].key}.log"
-                raise UserError(
-                    f"cell {group[0].label} ({kind}/{group[0].key}) failed after "
-                    f"{exp.ray.max_retries} retries: {type(e).__name__}: {str(e).splitlines()[0]}; "
-                    f"its log is {log}. Completed cells are kept: fix the cause and re-run."
-                ) from None
+                raise _failure(exp, store, kind, group, e) from None
+            running.difference_update(c.key for c in group)
             done.update(c.key for c in group)
             counts[kind] += len(group)
         time.sleep(0.01)
     return counts
+
+
+def _failure(
+    exp: Experiment, store: Store, kind: str, group: list[plan.CellSpec], e: Exception
+) -> UserError:
+    """One paragraph naming the cell and its log: the task's own error (not retried: it would fail
+    the same way again), or the death of its worker after the bounded retries."""
+    log = store.root / "logs" / f"{kind}-{group[0].key}.log"
+    cell = f"cell {group[0].label} ({kind}/{group[0].key})"
+    cause = getattr(e, "cause", None)  # RayTaskError: the exception raised in the task
+    if isinstance(cause, Exception):
+        why = f"failed: {type(cause).__name__}: {cause}"
+    else:
+        first = str(e).splitlines()[0] if str(e) else ""
+        why = f"failed after {exp.ray.max_retries} retries: {type(e).__name__}: {first}"
+    return UserError(
+        f"{cell} {why}; its log is {log}. Completed cells are kept: fix the cause and re-run."
+    )

@@ -15,8 +15,11 @@ def test_plain_lines_name_cells_and_are_throttled(capsys, monkeypatch):
         for _ in range(20):
             bar.update({"samples": 5, "tokens": 500})
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "  generate t-large: traces t-large x addition"
-    rates = lines[1:]
+    assert lines[:2] == [
+        "  generate t-large: 100 to do",
+        "  generate t-large: traces t-large x addition",
+    ]
+    rates = lines[2:]
     # 20 updates 5-10 s apart, at most one line per 30 s: far fewer lines than updates
     assert 1 <= len(rates) <= 8, rates
     assert rates[-1].startswith("  generate t-large: ") and "/100 done" in rates[-1]

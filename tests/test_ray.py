@@ -20,7 +20,7 @@ from harness.sandbox import zoo
 from harness.store import Store
 
 ray = pytest.importorskip("ray")
-pytestmark = [pytest.mark.slow, pytest.mark.faults]  # not yet verified green: make test-slow
+pytestmark = [pytest.mark.slow, pytest.mark.faults]  # make test-slow (CI runs it too)
 
 
 def _killer(root: Path, stop: threading.Event, killed: list[int]) -> None:
