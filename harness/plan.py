@@ -248,7 +248,7 @@ def ready_groups(ready: list[CellSpec]) -> list[tuple[str, list[CellSpec]]]:
     """Cells whose inputs are complete, grouped as the local executor groups them."""
     out = []
     for kind in ("traces", "eval", "dataset", "adapter"):
-        out.extend((kind, g) for g in _group([c for c in ready if c.kind == kind]))
+        out.extend((kind, g) for g in _group([c for c in ready if c.kind == kind], False))
     return out
 
 
@@ -278,11 +278,15 @@ def _batch(todo: list[CellSpec], kind: str) -> list[CellSpec]:
     return [c for c in todo if c.kind == kind]
 
 
-def _group(batch: list[CellSpec]) -> list[list[CellSpec]]:
+def _group(batch: list[CellSpec], share_workers: bool = True) -> list[list[CellSpec]]:
+    """Traces and eval cells of one model share an engine session; with `share_workers` (local
+    runs), adapters of one student share a training worker process (`train.run_many`). On Ray each
+    adapter is a task of its own, so that adapters train in parallel."""
     groups: dict[str, list[CellSpec]] = {}
     for c in batch:
-        key = c.meta.get("model") if c.kind in ("traces", "eval") else c.key
-        groups.setdefault(str(key), []).append(c)
+        shared = c.kind in ("traces", "eval") or (c.kind == "adapter" and share_workers)
+        key = c.meta.get("model") if shared else c.key
+        groups.setdefault(f"{c.kind}:{key}", []).append(c)
     return list(groups.values())
 
 
@@ -303,8 +307,7 @@ def run_group(exp: Experiment, store: Store, kind: str, group: list[CellSpec]) -
     elif kind == "adapter":
         from harness import train
 
-        for c in group:
-            train.run(exp, store, c)
+        train.run_many(exp, store, group)
 
 
 def _with_dependencies(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -168,44 +169,86 @@ def build_dataset(exp: Experiment, store: Store, cell: Any) -> dict:
 def run(exp: Experiment, store: Store, cell: Any, merge: bool = False) -> dict:
     """Train one adapter cell in a worker (resuming from its last checkpoint); complete the cell.
     `merge` (or COTGAP_MERGE=1, set by `cotgap train --merge`) also writes merged/."""
+    return run_many(exp, store, [cell], merge)[cell.key]
+
+
+def run_many(exp: Experiment, store: Store, cells: list, merge: bool = False) -> dict[str, dict]:
+    """Train adapter cells; returns their summaries by key. Single-process cells share one worker
+    process that trains them one after another: Python, torch, transformers and peft start once,
+    not once a cell (about 5 s a cell on a laptop CPU, where a sandbox LoRA run takes 1-2 s).
+    Each cell still seeds, resumes and saves on its own, so the weights equal a worker of its own.
+    Cells that need `accelerate launch` (several processes) get a launch each."""
     merge = merge or os.environ.get("COTGAP_MERGE") == "1"
-    if store.complete("adapter", cell.key):
-        return store.manifest("adapter", cell.key)["summary"]
-    (dataset_key,) = cell.upstream
-    if not store.complete("dataset", dataset_key):
-        raise UserError(f"dataset cell {dataset_key} is not complete; build it before training.")
-    cfg = TrainConfig.model_validate(cell.config["train"])
-    student = exp.model(cell.meta["student"])
-    examples = store.cell_dir("dataset", dataset_key) / "examples.jsonl"
-    with store.open_cell("adapter", cell.key, cell.config, cell.upstream) as out:
-        job = {
-            "model_dir": str(Path(models.resolve(student)).resolve()),
-            "chat_template": student.chat_template,
-            "trust_remote_code": student.trust_remote_code,
-            "examples": str(examples.resolve()),
-            "train": cell.config["train"],
-            "seed": cell.config["seed"],
-            "merge": merge,
-            "label": cell.label,
-        }
-        out.write_json("job.json", job)
-        rc = subprocess.run(worker_command(out.dir.resolve(), cfg)).returncode
-        if rc != 0:
+    complete = [c for c in cells if store.complete("adapter", c.key)]
+    done = {c.key: store.manifest("adapter", c.key)["summary"] for c in complete}
+    todo = [c for c in cells if c.key not in done]
+    for c in todo:
+        if not store.complete("dataset", c.upstream[0]):
             raise UserError(
-                f"training of adapter cell {cell.key} stopped (worker exit code {rc}, its error is "
-                f"above); fix that and re-run to resume from {out.dir / 'checkpoints'}."
+                f"dataset cell {c.upstream[0]} is not complete; build it before training."
             )
-        summary = json.loads((out.dir / "summary.json").read_text())
-        dataset = store.manifest("dataset", dataset_key)["summary"]
-        summary["n_dropped_overlong"] = dataset["n_dropped_overlong"]
-        shutil.rmtree(out.dir / "checkpoints", ignore_errors=True)
-        out.finish(summary, packages=TRAIN_PACKAGES)
-    return summary
+    shared = [c for c in todo if _single_process(c)]
+    if shared:
+        done.update(_train_cells(exp, store, shared, merge))
+    for c in todo:
+        if c.key not in {s.key for s in shared}:
+            done.update(_train_cells(exp, store, [c], merge))
+    return done
 
 
-def worker_command(cell_dir: Path, cfg: TrainConfig) -> list[str]:
-    """The command that trains one adapter cell (see the module docstring)."""
-    worker = ["-m", "harness.train", "--cell-dir", str(cell_dir), "--owner-pid", str(os.getpid())]
+def _single_process(cell: Any) -> bool:
+    cfg = TrainConfig.model_validate(cell.config["train"])
+    return cfg.num_processes == 1 and cfg.accelerate_config is None
+
+
+def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dict[str, dict]:
+    """Open the cells (their locks held throughout), run one worker over them, complete each cell
+    the worker finished (in order), and report the first one it did not."""
+    cfg = TrainConfig.model_validate(cells[0].config["train"])
+    with contextlib.ExitStack() as stack:
+        outs = [
+            stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
+            for c in cells
+        ]
+        for c, out in zip(cells, outs, strict=True):
+            student = exp.model(c.meta["student"])
+            examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+            job = {
+                "model_dir": str(Path(models.resolve(student)).resolve()),
+                "chat_template": student.chat_template,
+                "trust_remote_code": student.trust_remote_code,
+                "examples": str(examples.resolve()),
+                "train": c.config["train"],
+                "seed": c.config["seed"],
+                "merge": merge,
+                "label": c.label,
+            }
+            out.write_json("job.json", job)
+            # a summary left by a killed run would pass for this worker's: it is written again
+            (out.dir / "summary.json").unlink(missing_ok=True)
+        rc = subprocess.run(worker_command([o.dir.resolve() for o in outs], cfg)).returncode
+        summaries = {}
+        for c, out in zip(cells, outs, strict=True):
+            if not (out.dir / "summary.json").exists():
+                raise UserError(
+                    f"training of adapter cell {c.label} ({c.key}) stopped (worker exit code {rc}, "
+                    f"its error is above); fix that and re-run to resume from "
+                    f"{out.dir / 'checkpoints'}."
+                )
+            summary = json.loads((out.dir / "summary.json").read_text())
+            dataset = store.manifest("dataset", c.upstream[0])["summary"]
+            summary["n_dropped_overlong"] = dataset["n_dropped_overlong"]
+            shutil.rmtree(out.dir / "checkpoints", ignore_errors=True)
+            out.finish(summary, packages=TRAIN_PACKAGES)
+            summaries[c.key] = summary
+    return summaries
+
+
+def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[str]:
+    """The command that trains adapter cells, one after another (see the module docstring)."""
+    dirs = [cell_dirs] if isinstance(cell_dirs, Path) else list(cell_dirs)
+    worker = ["-m", "harness.train", *(a for d in dirs for a in ("--cell-dir", str(d)))]
+    worker += ["--owner-pid", str(os.getpid())]
     if cfg.num_processes == 1 and cfg.accelerate_config is None:
         return [sys.executable, *worker]
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -529,12 +572,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m harness.train", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
-        "--cell-dir", type=Path, required=True, help="adapter cell (holds job.json)"
+        "--cell-dir",
+        type=Path,
+        action="append",
+        required=True,
+        help="adapter cell (holds job.json); repeat to train several, in order",
     )
     parser.add_argument("--owner-pid", type=int, help="stop when this process (cotgap) is gone")
     args = parser.parse_args(argv)
     try:
-        train(args.cell_dir, args.owner_pid)
+        for cell_dir in args.cell_dir:
+            train(cell_dir, args.owner_pid)
+            gc.collect()  # the last model and optimizer go before the next cell's are built
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

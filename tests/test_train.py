@@ -337,6 +337,32 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
         torch.testing.assert_close(resumed[name], w, rtol=0, atol=1e-6)
 
 
+def test_cells_sharing_a_worker_equal_a_worker_each(
+    toy: tuple, trained: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run_many`: two cells trained one after another in one worker process (one start-up) get
+    the weights of the cell trained in a worker of its own, bit for bit."""
+    exp, store, adapter = toy
+    cells = [dataclasses.replace(adapter, key=k * 20) for k in "ab"]
+    launches = []
+    real_run = train.subprocess.run
+    monkeypatch.setattr(train.subprocess, "run", lambda cmd: launches.append(cmd) or real_run(cmd))
+    summaries = train.run_many(exp, store, cells)
+    assert len(launches) == 1 and launches[0].count("--cell-dir") == 2
+    alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
+    for c in cells:
+        assert store.complete("adapter", c.key)
+        shared = load_file(
+            store.cell_dir("adapter", c.key) / "adapter" / "adapter_model.safetensors"
+        )
+        assert shared.keys() == alone.keys()
+        assert all(torch.equal(shared[n], w) for n, w in alone.items())
+        assert summaries[c.key]["final_loss"] == trained[1]["final_loss"]
+    assert (
+        train.run_many(exp, store, cells) == summaries and len(launches) == 1
+    )  # complete: no work
+
+
 def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path) -> None:
     """The worker in this process: method full, an epochs budget, a constant schedule with warmup."""
     from transformers import AutoModelForCausalLM
