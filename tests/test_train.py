@@ -363,6 +363,31 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
     )  # complete: no work
 
 
+def test_two_processes_train_through_accelerate_launch(
+    toy: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """num_processes: 2 -> one `accelerate launch` of two DDP ranks (gloo on this CPU): each rank
+    takes its own micro-batches, so the effective batch doubles; rank 0 alone writes the cell."""
+    exp, store, adapter = toy
+    config = {**adapter.config, "train": {**adapter.config["train"], "num_processes": 2}}
+    config["train"]["max_steps"] = 12
+    cell = dataclasses.replace(adapter, key="d" * 20, config=config)
+    launches = []
+    real_run = train.subprocess.run
+    monkeypatch.setattr(train.subprocess, "run", lambda cmd: launches.append(cmd) or real_run(cmd))
+    summary = train.run(exp, store, cell)
+    (cmd,) = launches
+    assert "accelerate.commands.launch" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert (summary["steps"], summary["effective_batch"]) == (12, 2 * 8 * 2)
+    assert summary["final_loss"] < 0.8 * summary["first_loss"]
+    log = read_jsonl(store.cell_dir("adapter", cell.key) / "train_log.jsonl")
+    assert [r["step"] for r in log] == list(range(1, 13))  # one log, written once per step
+    weights = load_file(
+        store.cell_dir("adapter", cell.key) / "adapter" / "adapter_model.safetensors"
+    )
+    assert all(w.abs().max() > 0 for n, w in weights.items() if "lora_B" in n)
+
+
 def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path) -> None:
     """The worker in this process: method full, an epochs budget, a constant schedule with warmup."""
     from transformers import AutoModelForCausalLM
