@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import offline_env
+
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("generate", "train", "evaluate", "grid")
 DEFAULTS = {
@@ -231,13 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     unknown = sorted(set(chosen) - set(NAMES))
     if unknown:
         raise SystemExit(f"--only: unknown benchmark(s) {unknown}; valid: {', '.join(NAMES)}")
-    for k, v in {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "MPLCONFIGDIR": str(REPO / ".cache" / "matplotlib"),
-    }.items():
-        os.environ.setdefault(k, v)
+    offline_env()
     out_dir = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     started, load_start = time.time(), os.getloadavg()

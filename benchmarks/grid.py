@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import offline_env
+
 REPO = Path(__file__).resolve().parents[1]
 TEACHERS = {"t-small": "test-teacher-s", "t-large": "test-teacher-l"}
 STUDENT = "test-student"
@@ -104,13 +106,7 @@ def cotgap_run(config_path: Path, log: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Build the test zoo if needed, run the grid twice, print and write the result."""
-    for k, v in {
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "MPLCONFIGDIR": str(REPO / ".cache" / "matplotlib"),
-    }.items():
-        os.environ.setdefault(k, v)
+    offline_env()
     args = parse_args(argv)
     import yaml
 
