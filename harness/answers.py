@@ -16,10 +16,11 @@ Bump an extractor's `version` whenever its output can change: cell keys hash EXT
 from __future__ import annotations
 
 import functools
+import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -45,16 +46,29 @@ _MAX_CANDIDATES = 16  # flexible candidates tried, newest first
 
 # --- explicit answer statements (strict) ---------------------------------------------------------
 
-# "The (final|correct) answer is/was/would be/:", "Correct option: X", "####". `conn` is empty for a
-# bare "Answer B" (AQuA's rationales), which only the choice extractor accepts.
-_PHRASE = re.compile(
-    r"(?i:\b(?:answer|ans)\b(?!\s*(?:choices?|options?)\b)"
-    r"(?P<conn>\s+(?:is|was|would\s+be|will\s+be|should\s+be|must\s+be)\b(?:\s*[:,])?"
-    r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|indeed)\b)"
-    r"|\s*[:=]|\s+[-–](?=\s))?"
-    r"|\b(?:correct|right)\s+(?:option|choice)\b(?P<conn2>\s+is\b|\s*:)?)"
-    r"|####"
+# "The (final|correct) answer (to the question) (arabic numerals) is/was/would be/:", JSON
+# "answer": ..., "**Answer**:", "####". `conn` is empty for a bare "Answer B" (AQuA's rationales),
+# which only the choice extractor accepts.
+_MODAL = r"(?:would|will|should|must|might|could|may|has\s+to|have\s+to|seems\s+to|appears\s+to)"
+_ADVERB = (
+    r"(?:most\s+|very\s+|quite\s+)?(?:likely|probably|definitely|certainly|still|then|also|clearly)"
 )
+_PHRASE = re.compile(
+    r"(?i:\b(?:answers?|ans)\b(?!\s*(?:choices?|options?)\b)"
+    r"(?:\s+(?:to|for)\s+(?:the|this|that|your|our)\s+(?:question|problem|riddle|puzzle|task))?"
+    r"(?:\s*\([^()\n]{0,60}\))?"  # Zero-shot-CoT's "answer (arabic numerals) is"
+    r"[\"'*_]*"  # "**Answer**:", JSON "answer":
+    r"(?P<conn>\s+(?:is|are|was|were|(?:"
+    + _MODAL
+    + r"(?:\s+"
+    + _ADVERB
+    + r")?\s+be))\b(?:\s*[:,])?"
+    r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because)\b)"
+    r"|\s*[:=]|\s+[-–](?=\s))?"
+    r"|\b(?:correct|right|best)\s+(?:option|choice)\b(?P<conn2>\s+is\b|\s*:)?)"
+    r"|####(?!\s*[A-Za-z]{2})"  # GSM8K's "#### 18", not a markdown heading "#### Case 1"
+)
+_BARE_LETTER = re.compile(r"[ \t]*[:\-–]?[ \t]*[(\[]?[A-Ra-r](?![\w'’-])")
 # "(B) is the correct answer", "E is the answer": a choice stated after the letter.
 _LETTER_FIRST = re.compile(
     r"(?:\((?P<p>[A-R])\)|\b(?P<l>[A-R]))\s+is\s+(?:the\s+)?"
@@ -64,14 +78,26 @@ _LETTER_FIRST = re.compile(
 _LAST_LINE_LETTER = re.compile(
     r"(?:^|\n)[ \t*(\[]*(?:(?i:option|choice)\s*[:.\-–]?\s*)?\(?([A-R])[)\]]?[ \t.*]*$"
 )
+# A last line "A: 3": the answer line of GSM8K-style fine-tuned models (Cobbe et al.).
+_A_LINE = re.compile(r"(?:^|\n)[ \t]*A:[ \t]*([^\n]{1,80}?)[ \t]*$")
+# A new "Q:" turn after the answer: the model went on to invent the next exemplar.
+_NEXT_TURN = re.compile(r"\n[ \t]*(?:Q|Question)[ \t]*:")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _THINK_END = "</think>"
+_DECOR = " \t*_`'\"“”‘’>#"  # markdown, quotes and fences around a value on its own line
 
 
 def final_segment(text: str) -> str:
     """The part of a completion that is scored: everything after the last </think>."""
     cut = text.rfind(_THINK_END)
     return text if cut < 0 else text[cut + len(_THINK_END) :]
+
+
+def scored_text(text: str) -> str:
+    """What extraction reads: after the last </think>, up to a new "Q:" turn the model invented."""
+    text = final_segment(text)
+    m = _NEXT_TURN.search(text)
+    return text[: m.start()] if m and text[: m.start()].strip() else text
 
 
 def _braced(text: str, start: int) -> str | None:
@@ -95,46 +121,114 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _statements(text: str, bare_ok: bool) -> Iterator[tuple[str, str]]:
-    """Explicit answer statements, newest first, as (kind, span): kind is 'boxed' or 'phrase'."""
-    found: deque[tuple[int, str, str]] = deque(maxlen=_MAX_MARKERS)
+def _value_line(span: str) -> str:
+    """The first line of a statement's span; the next non-empty one when the statement ends its
+    line ("The answer is:\\n\\n**42**", '>> FINAL ANSWER:\\n\\"\\"\\"\\n5')."""
+    lines = span.split("\n", 4)
+    for line in lines[:4]:
+        if line.strip(_DECOR + ":"):
+            return line
+    return ""
+
+
+_JSON_STRING = re.compile(r'\s*("(?:[^"\\\n]|\\.){0,1000}")')
+
+
+def _json_value(span: str) -> str:
+    """The value of a JSON "answer": "..." (its escapes decoded), else the span's first line."""
+    m = _JSON_STRING.match(span)
+    if m:
+        try:
+            return json.loads(m.group(1))
+        except json.JSONDecodeError:
+            pass
+    return _value_line(span)
+
+
+@dataclass(frozen=True)
+class Statement:
+    pos: int
+    rule: str  # boxed | answer_phrase | hashes | option_phrase | letter_first | last_line_letter | a_line
+    span: str  # the text the value is read from
+
+
+def _statements(text: str, bare_ok: bool) -> list[Statement]:
+    """Explicit answer statements in text order (at most the last _MAX_MARKERS)."""
+    found: deque[Statement] = deque(maxlen=_MAX_MARKERS)
     for m in _PHRASE.finditer(text):
-        if m.group() != "####" and not bare_ok and not (m.group("conn") or m.group("conn2")):
-            continue
-        found.append((m.start(), "phrase", text[m.end() : m.end() + _SPAN_CHARS]))
-    boxed: deque[tuple[int, str, str]] = deque(maxlen=_MAX_MARKERS)
-    for m in _BOXED.finditer(text):
-        boxed.append((m.start(), "boxed", ""))
-    if bare_ok:
-        for m in _LETTER_FIRST.finditer(text):
-            found.append((m.start(), "phrase", m.group("p") or m.group("l")))
-        found = deque(sorted(found), maxlen=_MAX_MARKERS)
-        m = _LAST_LINE_LETTER.search(text.rstrip()[-_SPAN_CHARS:])
-        if m:
-            found.append((len(text), "phrase", m.group(1)))
-    merged = sorted([*found, *boxed], key=lambda t: t[0])[-_MAX_MARKERS:]
-    for pos, kind, span in reversed(merged):
-        if kind == "boxed":
-            content = _braced(text, _BOXED.match(text, pos).end())
-            if content is not None:
-                yield kind, content
+        if m.group() == "####":
+            rule = "hashes"
+        elif m.group("conn") or m.group("conn2"):
+            rule = "answer_phrase" if m.group("conn") else "option_phrase"
+            if '"' in m.group() and ":" in (m.group("conn") or ""):
+                rule = "json_answer"
+        elif (
+            bare_ok
+            and not m.group().lower().startswith(("correct", "right", "best"))
+            and _BARE_LETTER.match(text, m.end())
+        ):
+            rule = "answer_phrase"
         else:
-            yield kind, span.lstrip().split("\n", 1)[0]
+            continue
+        span = text[m.end() : m.end() + _SPAN_CHARS]
+        found.append(
+            Statement(
+                m.start(), rule, _json_value(span) if rule == "json_answer" else _value_line(span)
+            )
+        )
+    more: list[Statement] = []
+    for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
+        content = _braced(text, m.end())
+        if content is not None:
+            more.append(Statement(m.start(), "boxed", content))
+    tail = text.rstrip()[-_SPAN_CHARS:]
+    m = _A_LINE.search(tail)
+    if m:
+        more.append(Statement(len(text) - 1, "a_line", m.group(1)))
+    if bare_ok:
+        for m in deque(_LETTER_FIRST.finditer(text), maxlen=_MAX_MARKERS):
+            more.append(Statement(m.start(), "letter_first", m.group("p") or m.group("l")))
+        m = _LAST_LINE_LETTER.search(tail)
+        if m:
+            more.append(Statement(len(text), "last_line_letter", m.group(1)))
+    return sorted([*found, *more], key=lambda st: st.pos)[-_MAX_MARKERS:]
+
+
+# Hedges before a value that still commit to it: "probably 12", "most likely (B)", "likely to be yes".
+_HEDGE = re.compile(
+    r"(?i)(?:[\s*_`'\"“”‘’:,]|\b(?:(?:most|very|highly|quite)\s+)?(?:probably|likely|possibly|"
+    r"presumably|technically|definitely|certainly|clearly|obviously|actually|indeed|simply|"
+    r"still|then|therefore|thus|hence|now|also|that|going\s+to\s+be|to\s+be|be)\b)*"
+)
+
+
+def _unhedged(span: str) -> str:
+    return span[_HEDGE.match(span).end() :]
+
+
+def _first_sentence(span: str) -> str:
+    """Up to the first line break or sentence-ending period (not a decimal point)."""
+    return re.split(r"\n|\.(?=\s|$)|[!?;](?=\s|$)", span, maxsplit=1)[0]
 
 
 # --- numbers ---------------------------------------------------------------------------------------
 
 _NUM = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
+_CURRENCY = r"(?:[$£€¥₹]\s?|(?:USD|Rs\.?|INR)\s?)?"
 _NUMBER = re.compile(
-    r"(?<![\w.,/])(?P<sign>[-−]?)(?:\$\s?)?(?P<num>"
+    r"(?<![\w.,/])(?P<sign>[-−]?)"
+    + _CURRENCY
+    + r"(?P<num>"
     + _NUM
     + r")(?:\s?/\s?(?P<den>"
     + _NUM
     + r"))?(?![0-9/])"
 )
 _NUMBER_AT = re.compile(
-    r"[\s*_`'\"“”‘’:=(\[]*(?:(?:approximately|about|around|roughly|exactly|only|just)\s+)?"
-    r"(?:[a-zA-Z]\s*=\s*)?(?P<sign>[-−]?)(?:\$\s?)?(?P<num>"
+    r"[\s*_`'\"“”‘’:=(\[]*(?:(?:approximately|about|around|roughly|exactly|only|just|nearly|almost)\s+)?"
+    r"(?:[a-zA-Z]\s*=\s*)?(?P<sign>[-−]?)"
+    + _CURRENCY
+    + r"(?P<num>"
     + _NUM
     + r")(?:\s?/\s?(?P<den>"
     + _NUM
@@ -218,9 +312,48 @@ def _number_from(m: re.Match) -> str | None:
     return canonical_number(text)
 
 
+_WORDS_AT = re.compile(r"(?i)(?:minus\s+|negative\s+)?[a-z]+(?:(?:\s+|-)(?:and\s+)?[a-z]+){0,7}")
+_OPERATOR_AFTER = re.compile(r"\s*(?:[-+*/×÷^x]|=)\s*[-−(]?[0-9$]")
+
+
+def _number_word_at(span: str) -> str | None:
+    """'thirty-seven' -> '37', 'one hundred and two' -> '102' (text2num), at the start of span."""
+    m = _WORDS_AT.match(span)
+    if not m:
+        return None
+    from text_to_num import text2num
+
+    words = m.group().lower().split()
+    sign = "-" if words[0] in ("minus", "negative") else ""
+    words = words[1:] if sign else words
+    for n in range(len(words), 0, -1):
+        if words[n - 1] == "and":
+            continue
+        try:
+            value = text2num(" ".join(words[:n]), "en")
+        except (ValueError, TypeError):
+            continue
+        return canonical_number(f"{sign}{value}")
+    return None
+
+
 def _number_at(span: str, choices: Choices = None) -> str | None:
-    m = _NUMBER_AT.match(_delatex(span))
-    return _number_from(m) if m else None
+    """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven"); the result
+    of an expression it starts with ("5 + 3 = 8"); else the one number its sentence holds."""
+    span = _unhedged(_delatex(span))
+    sentence = _first_sentence(span)
+    m = _NUMBER_AT.match(span)
+    if m:
+        after = span[m.end() :]
+        if "=" in sentence and _OPERATOR_AFTER.match(after):
+            last = _NUMBER_AT.match(sentence.rpartition("=")[2])
+            return _number_from(last) if last else None
+        return _number_from(m)
+    word = _number_word_at(span)
+    if word is not None:
+        return word
+    values = {_number_from(x) for x in _NUMBER.finditer(sentence)} - {None}
+    return values.pop() if len(values) == 1 else None
 
 
 def _number_last(text: str, choices: Choices = None) -> str | None:
@@ -250,9 +383,10 @@ _CHOICE_AT = re.compile(
     r"[\s*_`'\"“”‘’:=(\[]*?(?:(?i:option|choice)\s*:?\s*)?"
     r"(?:\((?P<p>[A-Ra-r])\)|\[(?P<b>[A-R])\]|(?P<l>[A-R])(?![\w'’-]))"
 )
+_OPS = r"→=<>+*/^&|∧∨¬~-"
 _CHOICE_ANY = re.compile(
-    r"\((?P<p>[A-R])\)"
-    r"|\b(?P<c>[A-R])\)"
+    r"(?<![\w)\]])\((?P<p>[A-R])\)"  # not P(B), f(A)
+    rf"|(?:^|(?<=[\s*]))(?<![{_OPS}]\s)(?P<c>[A-R])\)"  # "B) 12", not "(A → B)"
     r"|(?i:answer|ans|option|choice)\b(?:\s+is\b)?(?:\s*[:,\-–])?[\s*_]*\(?(?P<a>[A-R])(?![\w'’-])"
     r"|\b(?P<s>[A-R])\s+is\s+(?:the\s+)?(?:correct|right|answer|best)"
 )
@@ -309,27 +443,58 @@ def _option_number(text: str, choices: Sequence[str]) -> str | None:
     return LETTERS[hits[0]] if len(hits) == 1 else None
 
 
+def _named_options(said: str, options: Sequence[str]) -> set[int]:
+    """Indices of the options whose (normalised) text occurs in `said`."""
+    named = {
+        i
+        for i, o in enumerate(options)
+        if o and re.search(rf"(?<![\w.]){re.escape(o)}(?![\w]|\.[0-9])", said)
+    }
+    # "blue ball" inside a named "dark blue ball" is not a second answer; nor is a repeated text.
+    named = {i for i in named if not any(j != i and options[i] in options[j] for j in named)}
+    return named if len({options[i] for i in named}) == len(named) else set()
+
+
 def _option_in(sentence: str, choices: Sequence[str]) -> str | None:
     """The letter of the one option a stated answer names, by its text or by its number."""
     said = _norm_text(sentence[:_SPAN_CHARS])
     if not said:
         return None
     options = [_norm_text(c)[:_SPAN_CHARS] for c in choices[: len(LETTERS)]]
-    named = {
-        i
-        for i, o in enumerate(options)
-        if o and re.search(rf"(?<![\w.]){re.escape(o)}(?![\w]|\.[0-9])", said)
-    }
-    # "blue ball" inside a named "dark blue ball" is not a second answer.
-    named = {i for i in named if not any(j != i and options[i] in options[j] for j in named)}
-    if len({options[i] for i in named}) == 1 and len(named) == 1:
+    named = _named_options(said, options)
+    if len(named) == 1:
         return LETTERS[named.pop()]
     if named:
         return None  # two different options named: no answer
     return _option_number(_number_at(sentence) or "", choices)
 
 
+_LETTER_TOKEN = r"(?:(?i:option|choice)\s+)?(?:\([A-Ra-r]\)|(?<![\w(])[A-HJ-R](?![\w'’(-]))"
+_SEVERAL_LETTERS = re.compile(
+    _LETTER_TOKEN
+    + r"(?:\s*(?:,|/|&|\band/or\b|\band\b|\bor\b|\bas\s+well\s+as\b)\s*(?:both\s+|either\s+)?"
+    + _LETTER_TOKEN
+    + r")+"
+)
+
+
+def _several_choices(span: str, choices: Choices = None) -> str | None:
+    """'(A) or (B)', 'both (A) and (C)', 'A and B are correct', two option texts: no answer."""
+    sentence = _first_sentence(span)
+    for m in _SEVERAL_LETTERS.finditer(sentence):
+        letters = {x.upper() for x in re.findall(r"(?<![\w(])\(?([A-Ra-r])\)?(?![\w(])", m.group())}
+        if len(letters) > 1:
+            return ", ".join(f"({x})" for x in sorted(letters))
+    if choices and not _CHOICE_AT.match(_unhedged(span)):
+        said = _norm_text(sentence[:_SPAN_CHARS])
+        named = _named_options(said, [_norm_text(c)[:_SPAN_CHARS] for c in choices[: len(LETTERS)]])
+        if len(named) > 1:
+            return ", ".join(f"({LETTERS[i]})" for i in sorted(named))
+    return None
+
+
 def _choice_at(span: str, choices: Choices = None) -> str | None:
+    span = _unhedged(span)
     m = _CHOICE_AT.match(span)
     letter = _valid_letter(m and (m.group("p") or m.group("b") or m.group("l")), choices)
     if letter or not choices:
@@ -358,19 +523,32 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
 # --- yes/no, true/false, valid/invalid ----------------------------------------------------------------
 
 
-def _word_extractors(words: tuple[str, str]) -> tuple[Callable, Callable]:
-    at = re.compile(r"[\s*_`'\"“”‘’:=(\[]*(?i:(" + "|".join(words) + r"))\b")
-    anywhere = re.compile(r"(?i:\b(" + "|".join(words) + r")\b)")
+def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable, ...]:
+    """Readers of a two-word answer type. `punctuated`: a yes/no found outside a statement counts
+    only when punctuation or the end follows it ("Yes, it is..."), not inside prose ("no one")."""
+    alt = "|".join(words)
+    at = re.compile(r"[\s*_`'\"“”‘’:=(\[]*(?i:(" + alt + r"))\b")
+    follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if punctuated else ""
+    anywhere = re.compile(r"(?i:\b(" + alt + r")\b" + follow + ")")
+    both = re.compile(
+        r"(?i)\b(" + alt + r")\b\s*(?:,|/|\bor\b|\band\b)\s*(?:both\s+)?\b(" + alt + r")\b"
+    )
 
     def parse_at(span: str, choices: Choices = None) -> str | None:
-        m = at.match(span)
+        m = at.match(_unhedged(span))
         return m.group(1).lower() if m else None
 
     def last(text: str, choices: Choices = None) -> str | None:
         found = deque(anywhere.finditer(text), maxlen=1)
         return found[0].group(1).lower() if found else None
 
-    return parse_at, last
+    def several(span: str, choices: Choices = None) -> str | None:
+        m = both.search(_first_sentence(span))
+        if m and m.group(1).lower() != m.group(2).lower():
+            return f"{m.group(1).lower()}, {m.group(2).lower()}"
+        return None
+
+    return parse_at, last, several
 
 
 # --- free strings --------------------------------------------------------------------------------------
@@ -399,10 +577,6 @@ def _string_last(text: str, choices: Choices = None) -> str | None:
     if not lines:
         return None
     line = lines[-1]
-    for _, span in _statements(line, bare_ok=False):
-        value = _string_at(span)
-        if value is not None:
-            return value
     quoted = deque(_QUOTED.finditer(line), maxlen=1)
     if quoted:
         return canonical_string(quoted[0].group(1) or quoted[0].group(2))
@@ -410,7 +584,10 @@ def _string_last(text: str, choices: Choices = None) -> str | None:
 
 
 def _string_key(s: str) -> str:
-    # Spaces around brackets and punctuation do not matter: "] ) }" is "])}" (dyck_languages).
+    # Spaces around brackets and punctuation do not matter: "] ) }" is "])}" (dyck_languages);
+    # letters spelled out one by one are one word: "n y t n" and "n, y, t, n" are "nytn".
+    if re.fullmatch(r"\w(?:[\s,-]+\w)+", s):
+        return re.sub(r"[\s,-]+", "", s)
     return re.sub(r"\s*([^\w\s])\s*", r"\1", s)
 
 
@@ -472,10 +649,6 @@ def _math_last(text: str, choices: Choices = None) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return canonical_math(boxed)
-    for _kind, span in _statements(text, bare_ok=False):
-        value = _math_at(span)
-        if value is not None:
-            return value
     inline = deque(_DOLLARS.finditer(text), maxlen=1)
     if inline:
         return canonical_math(inline[0].group(1) or inline[0].group(2))
@@ -527,8 +700,40 @@ def _math_equivalent(pred: str, gold: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Reading:
+    """One reading of a completion: the answer, the rule that found it, the text it was read
+    from, and, when there is no answer, why."""
+
+    value: str | None
+    rule: str | None = None
+    span: str | None = None
+    reason: str | None = None
+
+    def fields(self, prefix: str) -> dict[str, str | None]:
+        return {
+            f"{prefix}_rule": self.rule,
+            f"{prefix}_span": self.span,
+            f"{prefix}_reason": self.reason,
+        }
+
+
+def _clip(span: str) -> str:
+    span = " ".join(span.split())
+    return span if len(span) <= 120 else span[:117] + "..."
+
+
+def _never(span: str, choices: Choices = None) -> None:
+    return None
+
+
+@dataclass(frozen=True)
 class Extractor:
-    """A named, versioned pair of readings of a completion; `answer_types` it can score."""
+    """A named, versioned pair of readings of a completion; `answer_types` it can score.
+
+    strict: the last explicit answer statement decides (no fallback to an earlier one); no
+    statement, a statement naming several answers, or one whose value does not parse is no answer.
+    flexible: the strict answer when there is one; several answers stay no answer; otherwise the
+    newest earlier statement that parses, else the last candidate of the type anywhere."""
 
     name: str
     version: int
@@ -536,42 +741,74 @@ class Extractor:
     parse_at: Callable[[str, Choices], str | None]  # a value at the start of a statement's span
     last: Callable[[str, Choices], str | None]  # the last candidate anywhere
     bare_ok: bool = False  # accept "Answer B" without "is" or ":"
-    boxed_first: bool = False  # a \boxed{} answer wins over any later "answer is" phrase
+    boxed_first: bool = False  # a \boxed{} answer wins over a later "answer is" phrase
+    several: Callable[[str, Choices], str | None] = _never  # names two answers or more?
+
+    def _value(self, st: Statement, choices: Choices) -> str | None:
+        value = canonical(self.answer_types[0], st.span) if st.rule == "boxed" else None
+        return value if value is not None else self.parse_at(st.span, choices)
+
+    def read(self, text: str, choices: Choices = None) -> tuple[Reading, Reading]:
+        """(strict, flexible) readings of a completion, with rule, span and no-answer reason."""
+        if not isinstance(text, str) or not text.strip():
+            empty = Reading(None, reason="empty completion")
+            return empty, empty
+        kind = self.answer_types[0]
+        statements = _statements(text, self.bare_ok)
+        if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
+            boxed = [st for st in statements if st.rule == "boxed"]
+            statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
+        strict: Reading
+        if not statements:
+            strict = Reading(None, reason="no answer statement")
+        else:
+            st = statements[-1]
+            several = self.several(st.span, choices)
+            value = None if several else self._value(st, choices)
+            if several:
+                reason = f"several answers named: {several}"
+                return (Reading(None, st.rule, _clip(st.span), reason),) * 2
+            if value is not None:
+                strict = Reading(value, st.rule, _clip(st.span))
+                return strict, strict
+            strict = Reading(
+                None, st.rule, _clip(st.span), f"the last answer statement names no {kind}"
+            )
+        for st in reversed(statements[:-1]):
+            value = None if self.several(st.span, choices) else self._value(st, choices)
+            if value is not None:
+                return strict, Reading(value, f"earlier_{st.rule}", _clip(st.span))
+        value = self.last(text, choices)
+        if value is None:
+            return strict, Reading(None, reason=f"no {kind} anywhere in the text")
+        return strict, Reading(value, f"last_{kind}")
 
     def strict(self, text: str, choices: Choices = None) -> str | None:
-        if not isinstance(text, str):
-            return None
-        if self.boxed_first:
-            boxed = last_boxed(text)
-            if boxed is not None:
-                return canonical(self.answer_types[0], boxed)
-        for kind, span in _statements(text, self.bare_ok):
-            value = canonical(self.answer_types[0], span) if kind == "boxed" else None
-            if value is None:
-                value = self.parse_at(span, choices)
-            if value is not None:
-                return value
-        return None
+        return self.read(text, choices)[0].value
 
     def flexible(self, text: str, choices: Choices = None) -> str | None:
-        if not isinstance(text, str):
-            return None
-        return self.last(text, choices)
+        return self.read(text, choices)[1].value
 
 
-_yes_no = _word_extractors(("yes", "no"))
-_true_false = _word_extractors(("true", "false"))
-_valid_invalid = _word_extractors(("valid", "invalid"))
+_yes_no = _word_extractors(("yes", "no"), punctuated=True)
+_true_false = _word_extractors(("true", "false"), punctuated=False)
+_valid_invalid = _word_extractors(("valid", "invalid"), punctuated=False)
 
 EXTRACTORS: dict[str, Extractor] = {
-    "number": Extractor("number", 1, ("number",), _number_at, _number_last),
-    "math": Extractor("math", 1, ("math", "number"), _math_at, _math_last, boxed_first=True),
-    "choice": Extractor("choice", 1, ("choice",), _choice_at, _choice_last, bare_ok=True),
-    "yes_no": Extractor("yes_no", 1, ("yes_no",), *_yes_no),
-    "true_false": Extractor("true_false", 1, ("true_false",), *_true_false),
-    "valid_invalid": Extractor("valid_invalid", 1, ("valid_invalid",), *_valid_invalid),
-    "string": Extractor("string", 2, ("string",), _string_at, _string_last),
-    "date": Extractor("date", 1, ("date",), _date_at, _date_last),
+    "number": Extractor("number", 2, ("number",), _number_at, _number_last),
+    "math": Extractor("math", 2, ("math", "number"), _math_at, _math_last, boxed_first=True),
+    "choice": Extractor(
+        "choice", 2, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
+    ),
+    "yes_no": Extractor("yes_no", 2, ("yes_no",), *_yes_no[:2], several=_yes_no[2]),
+    "true_false": Extractor(
+        "true_false", 2, ("true_false",), *_true_false[:2], several=_true_false[2]
+    ),
+    "valid_invalid": Extractor(
+        "valid_invalid", 2, ("valid_invalid",), *_valid_invalid[:2], several=_valid_invalid[2]
+    ),
+    "string": Extractor("string", 3, ("string",), _string_at, _string_last),
+    "date": Extractor("date", 2, ("date",), _date_at, _date_last),
 }
 EXTRACTOR_VERSIONS: dict[str, int] = {name: ex.version for name, ex in EXTRACTORS.items()}
 

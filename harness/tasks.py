@@ -816,21 +816,29 @@ def score(
         )
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
+        none = answers.Reading(None, reason="truncated at max_tokens")
         return {**out, "strict": None, "flexible": None, "strict_correct": False,
-                "flexible_correct": False, "correct": False, "truncated": True}  # fmt: skip
-    text = answers.final_segment(completion if isinstance(completion, str) else "")
-    strict, flexible = ex.strict(text, choices), ex.flexible(text, choices)
+                "flexible_correct": False, "correct": False, "truncated": True,
+                **none.fields("strict"), **none.fields("flexible")}  # fmt: skip
+    text = answers.scored_text(completion if isinstance(completion, str) else "")
+    strict, flexible = ex.read(text, choices)
     kind = ex.answer_types[0]
-    strict_ok = answers.equivalent(kind, strict, gold)
-    flexible_ok = strict_ok if flexible == strict else answers.equivalent(kind, flexible, gold)
+    strict_ok = answers.equivalent(kind, strict.value, gold)
+    flexible_ok = (
+        strict_ok
+        if flexible.value == strict.value
+        else answers.equivalent(kind, flexible.value, gold)
+    )
     return {
         **out,
-        "strict": strict,
-        "flexible": flexible,
+        "strict": strict.value,
+        "flexible": flexible.value,
         "strict_correct": strict_ok,
         "flexible_correct": flexible_ok,
         "correct": strict_ok if spec.headline == "strict" else flexible_ok,
         "truncated": False,
+        **strict.fields("strict"),
+        **flexible.fields("flexible"),
     }
 
 
