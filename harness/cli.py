@@ -121,10 +121,15 @@ def ls_items(
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
 ) -> None:
-    """Write a task's items as JSONL: id, source_index, question, gold."""
+    """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
+    the source rows the task excludes, with why."""
     from harness import tasks
 
-    tasks.items_jsonl(task, split, data_dir, out)
+    n = tasks.items_jsonl(task, split, data_dir, out)
+    excluded = tasks.excluded(task)
+    _log(f"{task} {split}: {n} items; {len(excluded)} source rows excluded")
+    for e in excluded:
+        _log(f"  excluded source_index {e['source_index']}: {e['reason']}")
 
 
 @ls_app.command("cells")
@@ -306,11 +311,20 @@ def score(
     out: Annotated[
         Path | None, typer.Option(help="per-item results JSONL (default: next to predictions)")
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain", help="per item: answers, the rule and span they came from, or why none"
+        ),
+    ] = False,
 ) -> None:
     """Re-score stored completions without any engine; prints the summary as JSON."""
     from harness import tasks
 
     summary = tasks.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
+    if explain:
+        for line in tasks.explain_file(summary["out"]):
+            typer.echo(line)
     typer.echo(json.dumps(summary, indent=2))
 
 

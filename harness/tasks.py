@@ -143,6 +143,13 @@ class FewShotRef(Strict):
         return self
 
 
+class Exclusion(Strict):
+    """A source row left out of the task, by its position in the source, and why."""
+
+    index: int = Field(ge=0, description="source_index of the row (its position in the pool)")
+    reason: str
+
+
 class TaskSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]{0,63}$")
     version: int = Field(ge=1)
@@ -156,6 +163,7 @@ class TaskSpec(Strict):
     shuffle_choices: bool = False
     split: SplitSpec | None = None
     sizes: dict[SplitName, int] = {}
+    exclude: tuple[Exclusion, ...] = Field((), description="rows left out, with the reason")
     prompt: Prompt
     fewshot: FewShotRef | None = None
 
@@ -581,7 +589,15 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
         question = _render(spec.prompt.choices, question=question, choices=listed)
         meta["choices"] = texts
     elif spec.answer_type == "choice":
-        meta["choices"] = _options_in_question(question) or None
+        options = _options_in_question(question)
+        meta["choices"] = options or None
+        if answers.canonical("choice", raw) is None and isinstance(raw, str):
+            # BBH's targets are "(B)", but a few give the option's text: map it to its letter.
+            same = [
+                i for i, t in enumerate(options) if " ".join(t.split()) == " ".join(raw.split())
+            ]
+            if len(same) == 1:
+                raw = answers.LETTERS[same[0]]
     gold = answers.canonical(spec.answer_type, raw)
     if gold is None:
         raise UserError(
@@ -661,6 +677,8 @@ def load_items(
         root = data_dir_or_env(data_dir)
         rows = _file_rows(spec, keys, root) if root is not None else _hub_rows(spec, keys)
         fields = src.hub.fields if root is None and src.hub.fields is not None else spec.fields
+        skip = {e.index for e in spec.exclude}
+        rows = [row for row in rows if row.index not in skip]
         items = []
         for row in rows:
             default_id = (
@@ -675,6 +693,11 @@ def load_items(
             items = train if split == "train" else test
     _check_size(spec, split, len(items), expected.get(split), data_dir_or_env(data_dir))
     return items[:limit] if limit is not None else items
+
+
+def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
+    """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
+    return [{"source_index": e.index, "reason": e.reason} for e in _spec(task).exclude]
 
 
 def _check_size(
@@ -918,8 +941,10 @@ def score_file(
         rec = preds.get(item.id)
         base = {"id": item.id, "source_index": item.source_index, "gold": item.gold}
         if rec is None:
+            none = answers.Reading(None, reason="no prediction for this item")
             results.append({**base, "missing": True, "strict": None, "flexible": None, "strict_correct": False,
-                            "flexible_correct": False, "correct": False, "truncated": False})  # fmt: skip
+                            "flexible_correct": False, "correct": False, "truncated": False,
+                            **none.fields("strict"), **none.fields("flexible")})  # fmt: skip
             continue
         finish = rec.get("finish_reason", "stop")
         scored = score(
@@ -956,6 +981,31 @@ def score_file(
         "missing_ids": missing[:20],
         "out": str(out),
     }
+
+
+def explain(result: dict[str, Any]) -> str:
+    """One scored item as text: verdict, gold, and each reading with its rule and span, or why
+    it has no answer."""
+    mark = "ok   " if result["correct"] else "WRONG"
+    if result.get("missing"):
+        return f"{mark} {result['id']}  gold={result['gold']!r}  no prediction"
+    parts = [f"{mark} {result['id']}  gold={result['gold']!r}"]
+    for reading in ("strict", "flexible"):
+        value, rule = result.get(reading), result.get(f"{reading}_rule")
+        if value is not None:
+            parts.append(f"{reading}={value!r} [{rule}: {result.get(f'{reading}_span') or ''}]")
+        else:
+            where = f" [{rule}: {result.get(f'{reading}_span')}]" if rule else ""
+            parts.append(f"{reading}=None ({result.get(f'{reading}_reason')}){where}")
+    return "  ".join(parts)
+
+
+def explain_file(path: str | Path) -> Iterable[str]:
+    """`explain` for every record of a scored JSONL file (`cotgap score --explain`)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield explain(json.loads(line))
 
 
 def items_jsonl(
