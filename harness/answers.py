@@ -93,11 +93,15 @@ def final_segment(text: str) -> str:
     return text if cut < 0 else text[cut + len(_THINK_END) :]
 
 
-def scored_text(text: str) -> str:
-    """What extraction reads: after the last </think>, up to a new "Q:" turn the model invented."""
-    text = final_segment(text)
+def _before_next_turn(text: str) -> str:
+    """Up to a new "Q:" turn the model invented after its answer (few-shot run-on)."""
     m = _NEXT_TURN.search(text)
     return text[: m.start()] if m and text[: m.start()].strip() else text
+
+
+def scored_text(text: str) -> str:
+    """What extraction reads: after the last </think>, up to a new "Q:" turn the model invented."""
+    return _before_next_turn(final_segment(text))
 
 
 def _braced(text: str, start: int) -> str | None:
@@ -535,7 +539,7 @@ def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable
     )
 
     def parse_at(span: str, choices: Choices = None) -> str | None:
-        m = at.match(_unhedged(span))
+        m = at.match(_unhedged(_delatex(span)))
         return m.group(1).lower() if m else None
 
     def last(text: str, choices: Choices = None) -> str | None:
@@ -753,6 +757,7 @@ class Extractor:
         if not isinstance(text, str) or not text.strip():
             empty = Reading(None, reason="empty completion")
             return empty, empty
+        text = _before_next_turn(text)
         kind = self.answer_types[0]
         statements = _statements(text, self.bare_ok)
         if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
@@ -778,6 +783,8 @@ class Extractor:
             value = None if self.several(st.span, choices) else self._value(st, choices)
             if value is not None:
                 return strict, Reading(value, f"earlier_{st.rule}", _clip(st.span))
+        if statements:  # the model stated a non-answer: no guessing from the rest of the text
+            return strict, Reading(None, reason=f"no answer statement names a {kind}")
         value = self.last(text, choices)
         if value is None:
             return strict, Reading(None, reason=f"no {kind} anywhere in the text")

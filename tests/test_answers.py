@@ -18,6 +18,7 @@ from harness.errors import UserError
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"
 EXTRACTION = yaml.safe_load((FIXTURES / "extraction.yaml").read_text(encoding="utf-8"))
 EQUIVALENCE = yaml.safe_load((FIXTURES / "equivalence.yaml").read_text(encoding="utf-8"))
+GOLDEN = yaml.safe_load((FIXTURES / "golden.yaml").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("case", EXTRACTION, ids=lambda c: f"{c['extractor']}:{c['note']}")
@@ -26,6 +27,41 @@ def test_golden_extraction(case):
     choices = case.get("choices")
     assert ex.strict(case["text"], choices) == case["strict"]
     assert ex.flexible(case["text"], choices) == case["flexible"]
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=lambda c: f"{c['extractor']}:{c['style']}")
+def test_golden_styles(case):
+    """Completions in today's model styles: the verdict a careful reader gives, with a reason
+    whenever there is no answer."""
+    strict, flexible = EXTRACTORS[case["extractor"]].read(case["text"], case.get("choices"))
+    assert (strict.value, flexible.value) == (case["strict"], case["flexible"])
+    for reading in (strict, flexible):
+        assert (reading.value is None) == (reading.reason is not None)
+        assert reading.value is None or reading.rule
+
+
+def test_golden_styles_cover_every_answer_type_and_style():
+    styles = {(c["extractor"], c["style"]) for c in GOLDEN}
+    for extractor in ("number", "choice", "yes_no", "true_false", "string", "math"):
+        assert len({s for e, s in styles if e == extractor}) >= 3, extractor
+    assert {s for _, s in styles} >= {
+        "gsm8k_hashes", "answer_is", "boxed", "minerva", "think", "markdown_bold", "answer_colon",
+        "chat_preamble", "zero_shot_cot", "several", "hedge", "non_answer", "next_line",
+        "not_a_letter", "number_words", "spaced_letters", "punctuation", "json",
+    }  # fmt: skip
+
+
+def test_several_answers_are_no_answer_with_a_reason():
+    strict, flexible = EXTRACTORS["choice"].read("So the answer is (A) or (B).")
+    assert strict.value is flexible.value is None
+    assert strict.reason == flexible.reason == "several answers named: (A), (B)"
+    assert strict.rule == "answer_phrase" and strict.span == "(A) or (B)."
+
+
+def test_spaced_letters_equal_the_word():
+    assert equivalent("string", "n y t n", "nytn")
+    assert equivalent("string", "n, y, t, n", "nytn")
+    assert not equivalent("string", "apple banana", "applebanana")
 
 
 @pytest.mark.parametrize("case", EQUIVALENCE, ids=lambda c: f"{c['type']}:{c['pred']}~{c['gold']}")
@@ -135,6 +171,32 @@ def test_extractors_never_raise(text, with_choices):
 def test_equivalence_never_raises(pred, gold):
     for answer_type in ("number", "choice", "yes_no", "string", "date"):
         assert equivalent(answer_type, pred, gold) in (True, False)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=st.text(max_size=400), with_choices=st.booleans())
+def test_extraction_is_total_and_deterministic_on_any_unicode(text, with_choices):
+    choices = _CHOICES if with_choices else None
+    for ex in EXTRACTORS.values():
+        first = ex.read(text, choices)
+        assert ex.read(text, choices) == first  # deterministic
+        for reading in first:
+            assert reading.value is None or isinstance(reading.value, str)
+            assert (reading.value is None) == (reading.reason is not None)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unit=_fragments.filter(bool))
+def test_extraction_is_fast_on_one_megabyte(unit):
+    """A 1 MB completion (a repeated fragment, as a degenerate generation is) reads in well under
+    a second per extractor."""
+    text = (unit * (1_000_000 // len(unit) + 1))[:1_000_000]
+    for ex in EXTRACTORS.values():
+        choices = _CHOICES if ex.name == "choice" else None
+        t = time.perf_counter()
+        first = ex.read(text, choices)
+        assert time.perf_counter() - t < 5, ex.name
+        assert ex.read(text, choices) == first
 
 
 def _adversarial() -> dict[str, str]:
