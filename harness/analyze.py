@@ -79,8 +79,10 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["budget"] = training_budget(exp, store, board)
     result["eval_config"] = canonical(exp.evaluate)
     out = store.root / "analysis"
+    # what a killed analysis left (the results-directory lock says no other one is running)
+    for stale in [*out.parent.glob(".analysis.tmp-*"), *out.parent.glob(".analysis.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = out.with_name(f".analysis.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         atomic_write_text(tmp / "leaderboard.csv", board.to_csv(index=False))

@@ -4,13 +4,16 @@
     cotgap validate configs/sandbox.yaml
     cotgap run configs/sandbox.yaml
 
-User errors print one paragraph and exit with code 2; `--debug` shows the traceback instead.
+User errors print one paragraph and exit with code 2 (usage errors print the usage line, also
+exit 2); `--debug` shows the traceback instead. SIGINT (Ctrl-C) and SIGTERM stop the run and its
+workers, keep every completed cell and exit 130 / 143: the same command resumes.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -20,7 +23,7 @@ import typer
 from rich.console import Console
 
 from harness import progress
-from harness.errors import UserError
+from harness.errors import Interrupted, UserError
 
 app = typer.Typer(
     help="cotgap: score every CoT-distilled student against its own pre-distillation baseline.",
@@ -35,7 +38,7 @@ sandbox_app = typer.Typer(
 app.add_typer(ls_app, name="ls")
 app.add_typer(sandbox_app, name="sandbox")
 
-_STATE = {"debug": False}
+_STATE: dict = {"debug": False, "results": None}
 
 # OSErrors the user fixes on their side (disk, permissions, a file where a directory belongs):
 # one paragraph and exit 2 like a UserError, not a traceback.
@@ -76,7 +79,9 @@ def _log(message: str) -> None:
 def _load(config: Path):
     from harness.config import load_experiment
 
-    return load_experiment(config)
+    exp = load_experiment(config)
+    _STATE["results"] = exp.root  # named by the line an interrupted command prints
+    return exp
 
 
 @app.command()
@@ -86,6 +91,12 @@ def validate(configs: Annotated[list[Path], typer.Argument(help="experiment YAML
     for path in configs:
         try:
             exp = _load(path)
+            from harness import plan
+
+            problems = plan.check(exp)
+            if problems:
+                errors.extend(f"{path}: {p}" for p in problems)
+                continue
             typer.echo(
                 f"ok  {path}: {len(exp.teachers)} teachers x {len(exp.students)} students x {len(exp.tasks)} tasks"
             )
@@ -329,6 +340,34 @@ def score(
 
 
 @app.command()
+def check(
+    target: Annotated[
+        Path, typer.Argument(help="experiment YAML, or its results directory", show_default=False)
+    ],
+) -> None:
+    """Verify every complete cell's files against its manifest; list the damaged cells."""
+    from harness.store import Store
+
+    root = _load(target).root if target.is_file() else target
+    if not (root / "cells").is_dir():
+        raise UserError(f"{root}: no cells/ here; give an experiment YAML or <results_dir>/<name>.")
+    store = Store(root)
+    broken = store.check()
+    cells = [d for d in (root / "cells").glob("*/*") if d.is_dir()]
+    complete = sum(1 for d in cells if (d / "manifest.json").exists())
+    if broken:
+        listed = "; ".join(f"{kind}/{key}: {why}" for kind, key, why in broken)
+        raise UserError(
+            f"{root}: {len(broken)} of {complete} complete cells are damaged: {listed}. Delete "
+            f"those cell directories (under {root / 'cells'}) and re-run to recompute them."
+        )
+    typer.echo(
+        f"ok  {root}: {complete} complete cells match their manifests; "
+        f"{len(cells) - complete} unfinished (a re-run resumes them)"
+    )
+
+
+@app.command()
 def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     """Rebuild leaderboard.csv, analysis.json, report.md and plots from the cells."""
     from harness import analyze as analysis
@@ -355,8 +394,10 @@ def sandbox_build(
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False, prog_name="cotgap")
     except UserError as e:
         if _STATE["debug"]:
             raise
@@ -364,19 +405,20 @@ def main() -> None:
 
         _console().print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        _console().print("interrupted; completed cells are kept and a re-run resumes.")
-        sys.exit(130)
-    except Exception as e:  # click's own usage errors carry exit codes
-        import click
-
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        if isinstance(e, click.ClickException):
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+        results = _STATE["results"]
+        kept = f"results in {results} are kept" if results else "nothing was lost"
+        print(
+            f"interrupted ({signal.Signals(signum).name}): {kept}; re-run the same command to "
+            "resume.",
+            file=sys.stderr,
+        )
+        sys.exit(128 + signum)
+    except Exception as e:
+        if isinstance(e, _usage_error()):  # usage: the usage line and the problem, exit 2
             e.show()
             sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
         fix = _OS_FIXES.get(e.errno) if isinstance(e, OSError) else None
         if fix is None or _STATE["debug"]:
             raise
@@ -386,3 +428,5 @@ def main() -> None:
         msg = f"{where}{e.strerror}; {fix}, then re-run (completed cells are kept)."
         _console().print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
         sys.exit(2)
+    if isinstance(code, int) and code:  # typer.Exit(code), and typer's Ctrl-C outside a command
+        sys.exit(code)

@@ -3,7 +3,9 @@
     cotgap validate configs/sandbox.yaml
 
 Every model forbids unknown keys; a misspelt key is reported with its file, key path and the
-nearest valid key. `yaml.safe_load` only: YAML holds values and names, never code.
+nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
+only: YAML holds values and names, never code. A relative `results_dir` is taken relative to the
+experiment file, so a command means the same results from any working directory.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import types
 import typing
 from pathlib import Path
@@ -112,6 +115,9 @@ class TrainConfig(Strict):
     regimes: tuple[Regime, ...] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"
     checkpoint_every: int = Field(0, ge=0, description="0 = no intermediate checkpoints")
+    checkpoint_seconds: float = Field(
+        60, ge=0, description="checkpoint after this much training time (0 = never)"
+    )
     bf16: bool = False
     group_by_length: bool = True
     accelerate_config: str | None = Field(
@@ -163,7 +169,7 @@ class RayConfig(Strict):
 
 class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    results_dir: str = "results"
+    results_dir: str = Field("results", description="relative to the experiment YAML file")
     data_dir: str | None = None
     executor: Literal["local", "ray"] = "local"
     ray: RayConfig = RayConfig()
@@ -320,7 +326,33 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     return "\n".join(lines)
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int):
+        super().__init__(f"duplicate key {key!r} (lines {first} and {again}); keep one of them")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one
+    silently, so a second `train:` block appended to a file would win unnoticed)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first != line:
+                raise _DuplicateKey(key, first, line)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path) -> Any:
+    """The data of a YAML file (experiment, task, few-shot file): safe tags only, no duplicate keys."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such file; give the path of a YAML file.")
@@ -329,7 +361,9 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError as e:
         raise UserError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _DuplicateKey as e:
+        raise UserError(f"{p}: {e}.") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -348,8 +382,11 @@ def parse(model: type[Strict], data: Any, source: str) -> Any:
 
 
 def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
-    """Read and validate an experiment YAML; every error is reported at once."""
+    """Read and validate an experiment YAML; every error is reported at once. A relative
+    `results_dir` is resolved against the file's directory."""
     exp: Experiment = parse(Experiment, read_yaml(path), str(path))
+    results = os.path.normpath(Path(path).parent / Path(exp.results_dir).expanduser())
+    exp = exp.model_copy(update={"results_dir": results})
     if check_tasks:
         from harness import tasks as task_registry
 

@@ -14,3 +14,13 @@ class UserError(Exception):
 
 class LockedError(UserError):
     """Another cotgap process holds the results directory."""
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM reached cotgap. A BaseException, like KeyboardInterrupt, so no `except
+    Exception` stops it on its way out (locks are released, children stopped, on the way); unlike
+    KeyboardInterrupt, the command-line framework does not turn it into a return value."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -66,6 +66,29 @@ def _task_identity(exp: Experiment, name: str, split: str) -> dict[str, Any]:
     }
 
 
+def check(exp: Experiment) -> list[str]:
+    """Every problem `expand` would stop at, all at once, without planning: a model that cannot be
+    identified (a missing local path, an unknown zoo model), a task file that does not load (no
+    `version`, an unknown extractor). `cotgap validate` reports them."""
+    problems = []
+    for m in (*exp.teachers, *exp.students):
+        try:
+            models.identity(m)
+        except UserError as e:
+            problems.append(str(e))
+    for t in exp.tasks:
+        try:
+            task_identity(exp, t.name, "test")
+        except UserError as e:
+            problems.append(str(e))
+    if not problems:
+        try:
+            expand(exp)
+        except UserError as e:
+            problems.append(str(e))
+    return problems
+
+
 def expand(exp: Experiment) -> list[CellSpec]:
     """Every cell of the grid, each after the cells it depends on."""
     ids = {m.name: models.identity(m) for m in (*exp.teachers, *exp.students)}
@@ -129,6 +152,10 @@ def _distilled_cells(
     dataset = CellSpec("dataset", dkey, dconfig, up, {"model": student, "task": task, **meta})
     out = [dataset]
     settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
+    # When to checkpoint is a runtime choice (a resumed run reaches the same weights), so it stays
+    # out of the key: changing it, or adding it with a default, recomputes nothing.
+    # (checkpoint_every predates this rule and stays in the key: removing it would change keys.)
+    settings.pop("checkpoint_seconds")
     for seed in tr.seeds:
         aconfig = {"student": ids[student], "train": settings, "seed": seed}
         akey = cell_key("adapter", aconfig, (dataset.key,), package_versions(TRAIN_PACKAGES))

@@ -6,7 +6,8 @@ A cell's key hashes its resolved config, its upstream keys and the versions of w
 output. Files are written to a temporary name and renamed; `manifest.json` is written last, so a
 directory without one is unfinished (its JSONL records are kept and resumed). Streamed records go
 through `JsonlWriter`: one `write()` per whole line, so a SIGKILL leaves at most one partial last
-line, which the next open cuts off.
+line, which the next open cuts off. Lock files are removed on release. `check` verifies every
+complete cell's files against its manifest (`cotgap check`).
 """
 
 from __future__ import annotations
@@ -138,6 +139,28 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
 
 
+def read_json(path: Path, fix: str) -> Any:
+    """A JSON file the harness wrote (manifest, summary, job, progress). A damaged one (cut short by
+    a full disk, edited by hand) is a UserError naming the file and `fix`, what to do about it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        why = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+        raise UserError(f"{path}: damaged ({why}); {fix}.") from None
+
+
+def _fix_cell(cell_dir: Path) -> str:
+    return f"delete {cell_dir} and re-run to recompute that cell (`cotgap check` lists every damaged cell)"
+
+
+def _release(lock: FileLock) -> None:
+    """Release `lock` and remove its file. It is unlinked while still held: a process waiting on the
+    old file then holds an unlinked inode, which filelock detects (st_nlink 0) and retries."""
+    with contextlib.suppress(OSError):
+        os.unlink(lock.lock_file)
+    lock.release()
+
+
 def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
     """Records of a JSONL file. With `repair`, a partial last line (a write cut by a kill) is removed."""
     if not path.exists():
@@ -208,10 +231,14 @@ class Store:
         return self.root / "cells" / kind / key
 
     def manifest(self, kind: str, key: str) -> dict | None:
-        path = self.cell_dir(kind, key) / "manifest.json"
+        d = self.cell_dir(kind, key)
+        path = d / "manifest.json"
         if not path.exists():
             return None
-        return json.loads(path.read_text())
+        manifest = read_json(path, _fix_cell(d))
+        if not isinstance(manifest, dict) or "outputs" not in manifest:
+            raise UserError(f"{path}: not a cell manifest; {_fix_cell(d)}.")
+        return manifest
 
     def complete(self, kind: str, key: str) -> bool:
         return (self.cell_dir(kind, key) / "manifest.json").exists()
@@ -245,10 +272,43 @@ class Store:
         try:
             yield
         finally:
-            lock.release()
+            _release(lock)
 
     def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> Cell:
         return Cell(self, kind, key, config, upstream)
+
+    def check(self) -> list[tuple[str, str, str]]:
+        """(kind, key, problem) for every complete cell whose files differ from its manifest: a
+        file missing, changed or unreadable, or a manifest that is not one. Unfinished cells are
+        not damaged (a re-run resumes them)."""
+        broken = []
+        for kind in CELL_KINDS:
+            base = self.root / "cells" / kind
+            for d in sorted(base.iterdir()) if base.is_dir() else []:
+                if not (d.is_dir() and _KEY_RE.match(d.name) and (d / "manifest.json").exists()):
+                    continue
+                try:
+                    manifest = self.manifest(kind, d.name)
+                except UserError:
+                    broken.append((kind, d.name, "manifest.json is damaged"))
+                    continue
+                problem = _outputs_problem(d, manifest["outputs"])
+                if problem:
+                    broken.append((kind, d.name, problem))
+        return broken
+
+
+def _outputs_problem(cell_dir: Path, outputs: Mapping[str, str]) -> str | None:
+    for name, digest in sorted(outputs.items()):
+        path = cell_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            if sha256_file(path) != digest:
+                return f"{name} differs from its manifest hash"
+        except OSError as e:
+            return f"{name} is unreadable ({e.strerror})"
+    return None
 
 
 class Cell:
@@ -275,7 +335,7 @@ class Cell:
             stale.unlink(missing_ok=True)
         cfg_path = self.dir / "config.yaml"
         text = yaml.safe_dump(self._config, sort_keys=True, allow_unicode=True)
-        if cfg_path.exists() and cfg_path.read_text() != text:
+        if cfg_path.exists() and cfg_path.read_bytes() != text.encode("utf-8"):
             raise UserError(
                 f"{cfg_path}: differs from the config that hashes to this key; delete {self.dir}."
             )
@@ -286,7 +346,7 @@ class Cell:
     def __exit__(self, *exc: object) -> None:
         for w in self._writers:
             w.close()
-        self._lock.release()
+        _release(self._lock)
 
     def jsonl(self, name: str) -> JsonlWriter:
         w = JsonlWriter(self.dir / name)
@@ -300,9 +360,15 @@ class Cell:
         atomic_write_text(self.dir / name, text)
 
     def finish(
-        self, summary: Mapping[str, Any] | None = None, packages: Sequence[str] = ()
+        self,
+        summary: Mapping[str, Any] | None = None,
+        packages: Sequence[str] = (),
+        start: float | None = None,
     ) -> dict:
-        """Write manifest.json last: from now on the cell is complete."""
+        """Write manifest.json last: from now on the cell is complete. `start` (a time.time())
+        replaces the opening time, for a cell that a worker process completes."""
+        if start is not None:
+            self._start = start
         for w in self._writers:
             w.close()
         outputs = {}

@@ -13,10 +13,11 @@ A single process is a child too: its memory (GPU memory above all) returns when 
 cannot take the executor down, and one code path serves 1 and N processes. On CPU it is
 `--multi_gpu` that starts N gloo processes (`--cpu` would start one). The worker reads
 `<cell>/job.json` and writes `train_log.jsonl` (one record per optimizer step),
-`checkpoints/step-N/` every `checkpoint_every` steps (the last is kept until the cell completes),
-`adapter/` (PEFT format), `merged/` (full fine-tuning, or LoRA with `merge=True`) and
-`summary.json`. A killed run resumes from its last checkpoint with the same data order and reaches
-the same weights.
+`checkpoints/step-N/` every `checkpoint_seconds` of training and every `checkpoint_every` steps
+(the last is kept until the cell completes), `adapter/` (PEFT format), `merged/` (full
+fine-tuning, or LoRA with `merge=True`) and `summary.json`, and completes the cell (its manifest)
+as soon as that cell is trained. A killed run keeps every cell the worker finished, resumes the
+others from their last checkpoint with the same data order, and reaches the same weights.
 """
 
 from __future__ import annotations
@@ -43,7 +44,14 @@ import torch.nn.functional as F
 from harness import models
 from harness.config import Experiment, TrainConfig
 from harness.errors import UserError
-from harness.store import JsonlWriter, Store, atomic_write_json, atomic_write_text, read_jsonl
+from harness.store import (
+    JsonlWriter,
+    Store,
+    atomic_write_json,
+    atomic_write_text,
+    read_json,
+    read_jsonl,
+)
 
 TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
 MATCHED_SEED = 0  # dataset cells have no seed: every training seed sees the same matched subset
@@ -202,8 +210,9 @@ def _single_process(cell: Any) -> bool:
 
 
 def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dict[str, dict]:
-    """Open the cells (their locks held throughout), run one worker over them, complete each cell
-    the worker finished (in order), and report the first one it did not."""
+    """Open the cells (their locks held throughout) and run one worker over them. The worker
+    completes each cell as soon as it is trained, so a kill loses at most the cell in training
+    (back to its last checkpoint); the first cell left incomplete is reported."""
     cfg = TrainConfig.model_validate(cells[0].config["train"])
     with contextlib.ExitStack() as stack:
         outs = [
@@ -222,26 +231,56 @@ def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dic
                 "seed": c.config["seed"],
                 "merge": merge,
                 "label": c.label,
+                "checkpoint_seconds": exp.train.checkpoint_seconds,
+                # what the worker needs to complete the cell through the store, as this process would
+                "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
+                "n_dropped_overlong": store.manifest("dataset", c.upstream[0])["summary"][
+                    "n_dropped_overlong"
+                ],
             }
             out.write_json("job.json", job)
             # a summary left by a killed run would pass for this worker's: it is written again
             (out.dir / "summary.json").unlink(missing_ok=True)
-        rc = subprocess.run(worker_command([o.dir.resolve() for o in outs], cfg)).returncode
+        rc = _run_worker(worker_command([o.dir.resolve() for o in outs], cfg))
         summaries = {}
         for c, out in zip(cells, outs, strict=True):
-            if not (out.dir / "summary.json").exists():
+            manifest = store.manifest("adapter", c.key)
+            if manifest is None:
                 raise UserError(
                     f"training of adapter cell {c.label} ({c.key}) stopped (worker exit code {rc}, "
                     f"its error is above); fix that and re-run to resume from "
                     f"{out.dir / 'checkpoints'}."
                 )
-            summary = json.loads((out.dir / "summary.json").read_text())
-            dataset = store.manifest("dataset", c.upstream[0])["summary"]
-            summary["n_dropped_overlong"] = dataset["n_dropped_overlong"]
-            shutil.rmtree(out.dir / "checkpoints", ignore_errors=True)
-            out.finish(summary, packages=TRAIN_PACKAGES)
-            summaries[c.key] = summary
+            summaries[c.key] = manifest["summary"]
     return summaries
+
+
+def _run_worker(cmd: list[str]) -> int:
+    """Run the worker; when this process is interrupted, stop it (SIGTERM, then SIGKILL) with its
+    own children (the ranks of `accelerate launch`), so nothing trains on after we are gone."""
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except BaseException:
+        stop_tree(proc.pid)
+        raise
+
+
+def stop_tree(pid: int, grace: float = 10.0) -> None:
+    """SIGTERM a process and its descendants, SIGKILL what is left after `grace` seconds."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.terminate()
+        _, alive = psutil.wait_procs(procs, timeout=grace)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=grace)
 
 
 def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[str]:
@@ -273,8 +312,9 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
     from accelerate.utils import set_seed
 
-    job = json.loads((cell_dir / "job.json").read_text())
+    job = read_json(cell_dir / "job.json", f"delete {cell_dir} and re-run to train that cell again")
     cfg = TrainConfig.model_validate(job["train"])
+    every_s = job.get("checkpoint_seconds", cfg.checkpoint_seconds)
     acc = _accelerator(cfg)
     world, ga, size = acc.num_processes, cfg.grad_accum, cfg.per_device_batch_size
     set_seed(job["seed"])
@@ -294,6 +334,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     model.train()
     began = time.perf_counter() - progress["elapsed"]
+    saved = time.perf_counter()
     with _progress_bar(acc, job, progress["step"], total) as bar:
         for step in range(progress["step"] + 1, total + 1):
             if owner_pid and not _alive(owner_pid):
@@ -307,8 +348,11 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
             if log:
                 keys = ("step", "tokens", "elapsed")
                 log.write({"loss": round(loss, 6), "lr": lr, **{k: progress[k] for k in keys}})
-            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+            if step < total and _checkpoint_due(
+                acc, cfg, step, time.perf_counter() - saved, every_s
+            ):
                 _checkpoint(acc, cell_dir, progress)
+                saved = time.perf_counter()
             bar.update({"fields": f"loss {loss:.3f}", "samples": 1, "tokens": int(counts[1])})
     _save(acc, model, tok, cell_dir, job["merge"], cfg.method)
     summary = {}
@@ -316,8 +360,38 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
         log.close()
         summary = _summary(cell_dir, cfg, progress, len(data), world)
         atomic_write_json(cell_dir / "summary.json", summary)
+        if "cell" in job:
+            _complete(cell_dir, job, summary)
     acc.end_training()
     return summary
+
+
+def _checkpoint_due(acc: Any, cfg: TrainConfig, step: int, since: float, every_s: float) -> bool:
+    """Every `checkpoint_every` steps, and once `every_s` seconds of training went by since the
+    last one: lost work stays bounded in time on any machine. Ranks agree (rank 0's clock decides),
+    since saving is a collective."""
+    if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+        return True
+    if not every_s:
+        return False
+    due = torch.tensor([float(since >= every_s)], device=acc.device)
+    if acc.num_processes > 1:
+        from accelerate.utils import broadcast
+
+        due = broadcast(due, from_process=0)
+    return bool(due.item())
+
+
+def _complete(cell_dir: Path, job: dict, summary: dict) -> None:
+    """Complete the adapter cell through the store, as the parent process would, now that it is
+    trained: a later kill of this worker (training the group's next cell) keeps it."""
+    shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
+    cell = Store(job["cell"]["root"]).open_cell(
+        "adapter", job["cell"]["key"], None, job["cell"]["upstream"]
+    )
+    started = (cell_dir / "job.json").stat().st_mtime
+    full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"]}
+    cell.finish(full, packages=TRAIN_PACKAGES, start=started)
 
 
 def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
@@ -479,7 +553,8 @@ def _resume(acc: Any, cell_dir: Path) -> dict:
     if not ckpts:
         return {"step": 0, "tokens": 0, "positions": 0, "elapsed": 0.0, "resumed_from": None}
     acc.load_state(str(ckpts[-1]))
-    progress = json.loads((ckpts[-1] / "progress.json").read_text())
+    fix = f"delete {ckpts[-1]} to resume from the start"
+    progress = read_json(ckpts[-1] / "progress.json", fix)
     return {**progress, "resumed_from": progress["step"]}
 
 
@@ -524,12 +599,23 @@ def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, merge: bool, method: s
         return
     model = acc.unwrap_model(model)
     if method == "lora":
-        _write_dir(cell_dir / "adapter", model.save_pretrained)
+        _write_dir(cell_dir / "adapter", lambda d: _save_adapter(model, d))
         model = model.merge_and_unload() if merge else model  # after the adapter is written
     if method == "full" or merge:
         _write_dir(
             cell_dir / "merged", lambda d: (model.save_pretrained(d), tok.save_pretrained(d))
         )
+
+
+def _save_adapter(model: Any, out: Path) -> None:
+    """save_pretrained, with the config's sets (target_modules) sorted: peft writes them in hash
+    order, which differs from process to process, and artefacts must be byte-stable."""
+    model.save_pretrained(out)
+    sets = {k for k, v in vars(model.peft_config["default"]).items() if isinstance(v, set)}
+    path = Path(out) / "adapter_config.json"
+    config = json.loads(path.read_text())
+    config.update({k: sorted(config[k]) for k in sets if isinstance(config.get(k), list)})
+    path.write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def _write_dir(path: Path, write: Any) -> None:
@@ -582,11 +668,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         for cell_dir in args.cell_dir:
+            if (cell_dir / "manifest.json").exists():  # completed by an earlier worker
+                continue
             train(cell_dir, args.owner_pid)
             gc.collect()  # the last model and optimizer go before the next cell's are built
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; cotgap reports it
+        return 130
     return 0
 
 

@@ -5,7 +5,7 @@ no traceback, nothing half-written, earlier results untouched.
 
 Every case runs `python -m harness ...` in a subprocess (offline) inside a workspace that already
 holds a complete cell and an analysis; after the command, every file that was there has the same
-bytes and the only new files are the results directory's lock file and stage logs.
+bytes and the only new files are stage logs; no lock file stays behind.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from harness.store import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "bad_input"
@@ -81,10 +83,11 @@ class Workspace:
         )
 
     def files(self) -> dict[str, bytes]:
+        """Every file but lock files (a lock's holder removes its file when it lets go)."""
         return {
             str(p.relative_to(self.root)): p.read_bytes()
             for p in sorted(self.root.rglob("*"))
-            if p.is_file()
+            if p.is_file() and p.name != ".lock"
         }
 
 
@@ -96,7 +99,9 @@ def make_workspace(root: Path) -> Workspace:
         json.dumps({"id": SANDBOX_ID, "completion": "9"}) + "\n"
     )
     (cell / "metrics.json").write_text('{"accuracy": 0.5}\n')
-    (cell / "manifest.json").write_text(json.dumps({"kind": "eval", "key": CELL_KEY}) + "\n")
+    outputs = {n: sha256_file(cell / n) for n in ("predictions.jsonl", "metrics.json")}
+    manifest = {"kind": "eval", "key": CELL_KEY, "outputs": outputs, "summary": {}}
+    (cell / "manifest.json").write_text(json.dumps(manifest) + "\n")
     (ws.results / "t" / "analysis").mkdir()
     (ws.results / "t" / "analysis" / "leaderboard.csv").write_text("earlier,leaderboard\n")
     return ws
@@ -137,10 +142,10 @@ def assert_untouched(ws: Workspace, before: dict[str, bytes]) -> None:
     changed = [p for p in before if after.get(p) != before[p]]
     assert not changed, f"changed or removed: {changed}"
     new = [p for p in after if p not in before]
-    allowed = [p for p in new if Path(p).name == ".lock" or Path(p).parent.name == "logs"]
+    allowed = [p for p in new if Path(p).parent.name == "logs"]
     assert sorted(new) == sorted(allowed), f"left behind: {sorted(set(new) - set(allowed))}"
-    leftovers = [p for p in ws.root.rglob("*") if ".tmp" in p.name]
-    assert not leftovers, f"temporary files left: {leftovers}"
+    leftovers = [p for p in ws.root.rglob("*") if ".tmp" in p.name or p.name.endswith(".lock")]
+    assert not leftovers, f"temporary or lock files left: {leftovers}"
 
 
 # --- cases: (setup(ws) -> argv, text the message must hold) --------------------------------------
@@ -234,6 +239,23 @@ def _csqa_duplicate_ids(ws: Workspace) -> tuple[list, tuple[str, ...]]:
     return args, ("task commonsenseqa: id 'q1' appears twice", rows, "ids must be unique")
 
 
+def _damaged_cell(damage: Callable[[Path], None], *args: str):
+    """The earlier run's complete cell, damaged; `cotgap <args>` on it names the cell."""
+
+    def setup(ws: Workspace) -> tuple[list, tuple[str, ...]]:
+        cell = ws.results / "t" / "cells" / "eval" / CELL_KEY
+        damage(cell)
+        argv = [a.replace("CONFIG", str(ws.config())).replace("RESULTS", str(ws.results / "t"))
+                for a in args]  # fmt: skip
+        return argv, ()
+
+    return setup
+
+
+def _truncate(path: str) -> Callable[[Path], None]:
+    return lambda cell: (cell / path).write_bytes((cell / path).read_bytes()[:25])
+
+
 def _huge_jsonl_row(ws: Workspace) -> tuple[list, tuple[str, ...]]:
     path = ws.data / "gsm8k" / "test.jsonl"
     path.parent.mkdir(parents=True)
@@ -265,6 +287,19 @@ CASES = {
         "run", "!!python/object/apply:os.system ['touch pwned']\n", "malformed YAML"
     ),
     "yaml_not_a_mapping": _raw_cfg_case("plan", "- a\n- b\n", "expected a mapping"),
+    "duplicate_key": _raw_cfg_case(
+        "validate",
+        "name: t\ntrain: {max_steps: 10}\nteachers: [{name: a, path: 'sandbox:teacher-l'}]\n"
+        "students: [{name: b, path: 'sandbox:student-s'}]\ntasks: [sandbox_addition]\n"
+        "train:\n  max_steps: 3\n",
+        "duplicate key 'train' (lines 2 and 6)",
+    ),
+    "duplicate_key_nested": _raw_cfg_case(
+        "run",
+        "name: t\ntrain: {max_steps: 10}\nteachers:\n  - name: a\n    path: 'sandbox:teacher-l'\n"
+        "    name: b\nstudents: [{name: c, path: 'sandbox:student-s'}]\ntasks: [sandbox_addition]\n",
+        "duplicate key 'name' (lines 4 and 6)",
+    ),
     "empty_yaml": _raw_cfg_case("run", "", "expected a mapping", "got an empty file"),
     "non_utf8_config": _raw_cfg_case(
         "validate", b"name: caf\xe9\n", "not UTF-8", "save it as UTF-8"
@@ -370,6 +405,11 @@ CASES = {
         _set("teachers[0].path", "sandbox:teacher-xxl"),
         "model 'big': unknown sandbox model 'teacher-xxl'",
         "valid: student-s, student-xs",
+    ),
+    "missing_local_model_validate": _model_case(
+        "validate",
+        _set("students[0].path", "./models/not-there"),
+        "model 'small': path './models/not-there' is not an existing directory",
     ),
     # --- CLI options ---
     "unknown_stage": _plain(
@@ -485,6 +525,20 @@ CASES = {
     ),
     "score_out_is_a_directory": _score_out_is_a_directory,
     "huge_prediction_line": _huge_prediction,
+    # --- damaged project files (an earlier run's complete cell) ---
+    "truncated_manifest": _damaged_cell(_truncate("manifest.json"), "ls", "cells", "CONFIG"),
+    "manifest_not_a_manifest": _damaged_cell(
+        lambda cell: (cell / "manifest.json").write_text("[]\n"), "ls", "cells", "CONFIG"
+    ),
+    "check_finds_a_truncated_manifest": _damaged_cell(
+        _truncate("manifest.json"), "check", "RESULTS"
+    ),
+    "check_finds_a_changed_output": _damaged_cell(
+        lambda cell: (cell / "metrics.json").write_text('{"accuracy": 0.9}\n'), "check", "CONFIG"
+    ),
+    "check_finds_a_missing_output": _damaged_cell(
+        lambda cell: (cell / "predictions.jsonl").unlink(), "check", "RESULTS"
+    ),
     # --- the results directory ---
     "results_dir_is_a_file": _plain(
         lambda ws: ["run", ws.config(_set("results_dir", str(ws.raw("occupied", "x"))))],
@@ -494,9 +548,20 @@ CASES = {
 }
 
 
+DAMAGED = {  # what a damaged-cell case's message must say, beyond the cell's path
+    "truncated_manifest": ("manifest.json: damaged (", "delete", "re-run to recompute"),
+    "manifest_not_a_manifest": ("manifest.json: not a cell manifest", "delete"),
+    "check_finds_a_truncated_manifest": ("1 of 1 complete cells are damaged", "manifest.json is damaged"),
+    "check_finds_a_changed_output": ("metrics.json differs from its manifest hash", "Delete"),
+    "check_finds_a_missing_output": ("predictions.jsonl is missing", "re-run to recompute"),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_bad_input_exits_2_with_context(ws: Workspace, case: str) -> None:
     args, needles = CASES[case](ws)
+    if case in DAMAGED:
+        needles = (*DAMAGED[case], f"eval/{CELL_KEY}" if "check" in case else CELL_KEY)
     before = ws.files()
     out = cotgap(ws, *args)
     msg = error_message(out)
@@ -584,7 +649,7 @@ def test_disk_full_while_analysing(ws: Workspace, writes_before_full: int) -> No
     else:
         assert f"{ws.results / 't' / 'analysis'}: could not write the analysis" in msg, msg
     assert_untouched(ws, before)  # the earlier analysis/ is still there, byte for byte
-    assert sorted(p.name for p in (ws.results / "t").iterdir()) == [".lock", "analysis", "cells"]
+    assert sorted(p.name for p in (ws.results / "t").iterdir()) == ["analysis", "cells"]
 
 
 def test_disk_full_while_scoring(ws: Workspace) -> None:
@@ -651,3 +716,49 @@ def test_line_separator_inside_a_json_string_is_not_a_line_break(ws: Workspace) 
     out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_predictions"] == 1
+
+
+# --- checks that need their own set-up -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("problem", ["duplicate_key", "no_version"])
+def test_validate_checks_the_task_files(ws: Workspace, problem: str) -> None:
+    """A task YAML that plan would refuse is refused by validate (with its path and lines)."""
+    tasks = ws.root / "tasks"
+    tasks.mkdir()
+    for p in (REPO / "tasks").glob("*.yaml"):
+        (tasks / p.name).write_bytes(p.read_bytes())
+    path = tasks / "sandbox_addition.yaml"
+    lines = path.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("version:"))
+    if problem == "duplicate_key":
+        lines.append("version: 9\n")
+        needle = f"duplicate key 'version' (lines {at + 1} and {len(lines)})"
+    else:
+        lines.pop(at)
+        needle = "version: Field required"
+    path.write_text("".join(lines))
+    config = ws.config()
+    before = ws.files()
+    env = _env(COTGAP_TASKS_DIR=str(tasks))
+    msg = error_message(cotgap(ws, "validate", config, env=env))
+    assert str(path) in msg and needle in msg, msg
+    assert_untouched(ws, before)
+
+
+def test_check_passes_intact_cells(ws: Workspace) -> None:
+    unfinished = ws.results / "t" / "cells" / "traces" / ("a" * 20)
+    unfinished.mkdir(parents=True)
+    out = cotgap(ws, "check", ws.config())
+    assert out.returncode == 0, out.stderr
+    assert "1 complete cells match their manifests; 1 unfinished" in out.stdout, out.stdout
+
+
+def test_analyze_removes_what_a_killed_analysis_left(ws: Workspace) -> None:
+    root = ws.results / "t"
+    for stale in (".analysis.tmp-999999", ".analysis.old-999999"):
+        (root / stale).mkdir()
+        (root / stale / "leaderboard.csv").write_text("half,written\n")
+    out = cotgap(ws, "analyze", ws.config())
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["analysis", "cells"]

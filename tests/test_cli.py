@@ -83,3 +83,36 @@ def test_readme_documents_every_leaderboard_column():
     readme = (REPO / "README.md").read_text()
     documented = re.findall(r"^\| `([a-z_]+)` \|", readme, flags=re.M)
     assert documented == list(COLUMNS)
+
+
+def test_usage_errors_print_the_usage_line_and_exit_2():
+    for args, problem in [
+        (["frobnicate"], "No such command 'frobnicate'"),
+        (["run"], "Missing argument"),
+        (["ls", "tasks", "--data-dir", "x"], "No such option: --data-dir"),
+    ]:
+        out = cotgap(*args)
+        assert out.returncode == 2, (args, out.returncode, out.stderr)
+        assert "Traceback" not in out.stderr and out.stderr.startswith("Usage: cotgap"), out.stderr
+        assert problem in out.stderr, out.stderr
+
+
+def test_results_dir_is_relative_to_the_config_file(tmp_path):
+    """The same command from another directory finds the same results (plan: all complete)."""
+    from harness.config import load_experiment
+
+    data = yaml.safe_load((REPO / "configs" / "sandbox.yaml").read_text())
+    assert data["results_dir"] == "../results"
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "exp.yaml"
+    config.write_text(yaml.safe_dump({**data, "results_dir": "out"}))
+    roots = set()
+    for cwd in (tmp_path, tmp_path / "configs", REPO):
+        os.chdir(cwd)
+        try:
+            roots.add(Path(load_experiment(config).root).resolve())
+        finally:
+            os.chdir(REPO)
+    assert roots == {tmp_path / "configs" / "out" / "sandbox"}
+    shipped = load_experiment(REPO / "configs" / "sandbox.yaml").root
+    assert Path(shipped).resolve() == REPO / "results" / "sandbox"

@@ -165,3 +165,44 @@ def test_cell_lock_prevents_two_writers(tmp_path):
     second = store.open_cell("traces", key, {"k": 1})
     with first, pytest.raises(LockedError, match="being computed"), second:
         pass
+
+
+def test_no_lock_file_stays_behind(tmp_path):
+    store = Store(tmp_path / "exp")
+    key = cell_key("eval", {"x": 1})
+    with store.lock(), store.open_cell("eval", key, {"x": 1}) as cell:
+        assert (tmp_path / "exp" / ".lock").exists()
+        cell.finish()
+    with store.open_cell("eval", cell_key("eval", {"x": 2}), {"x": 2}):
+        pass  # left unfinished: its directory stays, its lock file does not
+    assert sorted(p.name for p in (tmp_path / "exp").rglob("*.lock")) == []
+    with store.lock(timeout=0), store.open_cell("eval", key, {"x": 1}):
+        pass  # and both locks can be taken again
+
+
+def test_damaged_manifest_names_the_file_and_check_lists_the_cell(tmp_path):
+    from harness.errors import UserError
+
+    store = Store(tmp_path / "exp")
+    keys = [cell_key("eval", {"x": i}) for i in range(4)]
+    for i, key in enumerate(keys):
+        with store.open_cell("eval", key, {"x": i}) as cell:
+            cell.write_json("metrics.json", {"accuracy": i / 4})
+            cell.finish({"accuracy": i / 4})
+    assert store.check() == []
+    d = [store.cell_dir("eval", k) for k in keys]
+    manifest = d[0] / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])  # cut short (a full disk, a crash)
+    (d[1] / "metrics.json").write_text('{"accuracy": 1.0}')  # changed
+    (d[2] / "metrics.json").unlink()  # missing
+    with pytest.raises(UserError) as e:
+        store.manifest("eval", keys[0])
+    assert str(manifest) in str(e.value) and f"delete {d[0]}" in str(e.value)
+    assert "Traceback" not in str(e.value)
+    assert sorted(store.check()) == sorted(
+        [
+            ("eval", keys[0], "manifest.json is damaged"),
+            ("eval", keys[1], "metrics.json differs from its manifest hash"),
+            ("eval", keys[2], "metrics.json is missing"),
+        ]
+    )

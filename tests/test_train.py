@@ -345,8 +345,8 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
     exp, store, adapter = toy
     cells = [dataclasses.replace(adapter, key=k * 20) for k in "ab"]
     launches = []
-    real_run = train.subprocess.run
-    monkeypatch.setattr(train.subprocess, "run", lambda cmd: launches.append(cmd) or real_run(cmd))
+    real_run = train._run_worker
+    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
     summaries = train.run_many(exp, store, cells)
     assert len(launches) == 1 and launches[0].count("--cell-dir") == 2
     alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
@@ -363,6 +363,80 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
     )  # complete: no work
 
 
+def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float = 300) -> None:
+    """SIGKILL the training worker (a child of this process) once `done()` holds."""
+    import psutil
+
+    deadline = time.time() + timeout
+    while not done() and not run.done() and time.time() < deadline:
+        time.sleep(0.005)
+    assert done(), "the worker never got there"
+    (worker,) = [p for p in psutil.Process().children() if "harness.train" in p.cmdline()]
+    worker.send_signal(signal.SIGKILL)
+    with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
+        run.result()
+
+
+def test_a_kill_during_a_group_keeps_the_cells_it_finished(
+    toy: tuple, trained: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker completes each cell of its group when that cell is trained: a kill during the
+    second keeps the first, and the re-run trains only what is left, to the same weights."""
+    exp, store, adapter = toy
+    cells = [dataclasses.replace(adapter, key=k * 20) for k in "12"]
+    second = store.cell_dir("adapter", cells[1].key)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(train.run_many, exp, store, cells)
+        _kill_worker_when(lambda: (second / "train_log.jsonl").exists(), run)
+    assert store.complete("adapter", cells[0].key) and not store.complete("adapter", cells[1].key)
+    manifest = store.manifest("adapter", cells[0].key)
+    assert manifest["summary"]["n_dropped_overlong"] == 1 and manifest["wall_s"] > 0
+    assert "checkpoints" not in " ".join(manifest["outputs"])
+    launches = []
+    real_run = train._run_worker
+    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
+    train.run_many(exp, store, cells)
+    assert len(launches) == 1 and launches[0].count("--cell-dir") == 1  # the second cell only
+    alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
+    for c in cells:
+        cell_dir = store.cell_dir("adapter", c.key)
+        got = load_file(cell_dir / "adapter" / "adapter_model.safetensors")
+        assert all(torch.equal(got[n], w) for n, w in alone.items())
+        assert (cell_dir / "adapter" / "adapter_config.json").read_bytes() == (
+            trained[0] / "adapter" / "adapter_config.json"
+        ).read_bytes()  # target_modules in one order, whichever process wrote it
+    assert not list(store.cell_dir("adapter", "1" * 20).parent.glob("*.lock"))
+
+
+def test_time_based_checkpoints_resume_to_the_same_weights(toy: tuple, trained: tuple) -> None:
+    """checkpoint_every 0, checkpoint_seconds 1: a checkpoint once a second of training went by;
+    killed after one, resumed, the weights equal the uninterrupted run's bit for bit."""
+    exp, store, adapter = toy
+    fast = exp.model_copy(
+        update={"train": exp.train.model_copy(update={"checkpoint_seconds": 1.0})}
+    )
+    config = {**adapter.config, "train": {**adapter.config["train"], "checkpoint_every": 0}}
+    cell = dataclasses.replace(adapter, key="c" * 20, config=config)
+    cell_dir = store.cell_dir("adapter", cell.key)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(train.run, fast, store, cell)
+        _kill_worker_when(lambda: bool(list((cell_dir / "checkpoints").glob("step-*"))), run)
+    summary = train.run(fast, store, cell)
+    assert summary["resumed_from"] is not None and 0 < summary["resumed_from"] < 40
+    resumed = load_file(cell_dir / "adapter" / "adapter_model.safetensors")
+    uninterrupted = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(resumed[n], w) for n, w in uninterrupted.items())
+
+
+def test_checkpoint_seconds_is_not_part_of_the_adapter_key(toy: tuple) -> None:
+    exp, _, adapter = toy
+    other = exp.model_copy(
+        update={"train": exp.train.model_copy(update={"checkpoint_seconds": 5.0})}
+    )
+    keys = [c.key for c in plan.expand(other) if c.kind == "adapter"]
+    assert keys == [adapter.key] and "checkpoint_seconds" not in adapter.config["train"]
+
+
 def test_two_processes_train_through_accelerate_launch(
     toy: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -373,8 +447,8 @@ def test_two_processes_train_through_accelerate_launch(
     config["train"]["max_steps"] = 12
     cell = dataclasses.replace(adapter, key="d" * 20, config=config)
     launches = []
-    real_run = train.subprocess.run
-    monkeypatch.setattr(train.subprocess, "run", lambda cmd: launches.append(cmd) or real_run(cmd))
+    real_run = train._run_worker
+    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
     summary = train.run(exp, store, cell)
     (cmd,) = launches
     assert "accelerate.commands.launch" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
