@@ -39,7 +39,7 @@ ANSWER_TYPES = (
 
 Choices = Sequence[str] | None
 
-_SPAN_CHARS = 300  # how much text after "The answer is" a value may come from
+_SPAN_CHARS = 500  # how much text after "The answer is" a value may come from
 _MAX_MARKERS = 16  # explicit answer statements tried, newest first
 _MAX_BOXED = 2000  # longest \boxed{...} content read
 _MAX_CANDIDATES = 16  # flexible candidates tried, newest first
@@ -528,14 +528,20 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
 
 
 def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable, ...]:
-    """Readers of a two-word answer type. `punctuated`: a yes/no found outside a statement counts
-    only when punctuation or the end follows it ("Yes, it is..."), not inside prose ("no one")."""
+    """Readers of a two-word answer type. `punctuated` (yes/no): found outside a statement, the
+    word counts only when punctuation or the end follows it ("Yes, it is...", not "no one")."""
     alt = "|".join(words)
     at = re.compile(r"[\s*_`'\"“”‘’:=(\[]*(?i:(" + alt + r"))\b")
     follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if punctuated else ""
     anywhere = re.compile(r"(?i:\b(" + alt + r")\b" + follow + ")")
+    # "yes or no", "yes/no", "neither yes nor no", "partially yes and partially no"; not "yes,
+    # and no one minds" (a determiner "no")
     both = re.compile(
-        r"(?i)\b(" + alt + r")\b\s*(?:,|/|\bor\b|\band\b)\s*(?:both\s+)?\b(" + alt + r")\b"
+        r"(?i)\b("
+        + alt
+        + r")\b(?:\s*/\s*|[^.;\n]{0,30}?\b(?:or|and|nor)\b[^.;\n]{0,20}?\b)("
+        + alt
+        + r")\b(?!\s+(?:one|longer|doubt|matter|more|less|way|need|reason|problem)\b)"
     )
 
     def parse_at(span: str, choices: Choices = None) -> str | None:
@@ -589,9 +595,9 @@ def _string_last(text: str, choices: Choices = None) -> str | None:
 
 def _string_key(s: str) -> str:
     # Spaces around brackets and punctuation do not matter: "] ) }" is "])}" (dyck_languages);
-    # letters spelled out one by one are one word: "n y t n" and "n, y, t, n" are "nytn".
-    if re.fullmatch(r"\w(?:[\s,-]+\w)+", s):
-        return re.sub(r"[\s,-]+", "", s)
+    # letters spelled out one by one are one word: "n y t n" is "nytn" (not "n, y, t, n").
+    if re.fullmatch(r"\w(?:\s+\w)+", s):
+        return re.sub(r"\s+", "", s)
     return re.sub(r"\s*([^\w\s])\s*", r"\1", s)
 
 
