@@ -315,8 +315,8 @@ def evaluate(
 
 @app.command()
 def score(
-    task: Annotated[str, typer.Option(help="task name (see `cotgap ls tasks`)")],
-    predictions: Annotated[Path, typer.Option(help="JSONL of {id, completion}")],
+    task: Annotated[str | None, typer.Option(help="task name (see `cotgap ls tasks`)")] = None,
+    predictions: Annotated[Path | None, typer.Option(help="JSONL of {id, completion}")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     split: Annotated[str, typer.Option(help="split the ids belong to")] = "test",
     out: Annotated[
@@ -328,10 +328,21 @@ def score(
             "--explain", help="per item: answers, the rule and span they came from, or why none"
         ),
     ] = False,
+    results: Annotated[
+        Path | None,
+        typer.Option(help="re-score every eval cell of this results directory instead"),
+    ] = None,
 ) -> None:
-    """Re-score stored completions without any engine; prints the summary as JSON."""
+    """Re-score stored completions without any engine; prints the summary as JSON. With
+    --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
     from harness import tasks
 
+    if results is not None:
+        summaries = tasks.rescore_results(results, data_dir, out)
+        typer.echo(json.dumps(summaries, indent=2))
+        return
+    if task is None or predictions is None:
+        raise UserError("give --task and --predictions, or --results DIR.")
     summary = tasks.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
     if explain:
         for line in tasks.explain_file(summary["out"]):

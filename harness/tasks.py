@@ -983,6 +983,71 @@ def score_file(
     }
 
 
+def rescore_results(
+    root: str | Path, data_dir: str | Path | None = None, out_dir: str | Path | None = None
+) -> list[dict[str, Any]]:
+    """Re-score every complete eval cell of a results directory with the current extractors,
+    from its stored completions, without an engine. Cells are left as they are: the re-scored
+    records go to <out_dir>/<key>.jsonl (default <root>/rescored/); returns one summary per cell.
+    Option texts (for answers given as text) come from the data dir when one is given."""
+    import yaml
+
+    from harness.engines.base import Sample
+    from harness.evaluate import METRICS, PREDICTIONS, rates, record
+
+    root = Path(root)
+    cells = sorted(p.parent for p in (root / "cells" / "eval").glob("*/manifest.json"))
+    if not cells:
+        raise UserError(
+            f"{root}: no complete eval cells under cells/eval/; give a results directory."
+        )
+    out_root = Path(out_dir) if out_dir else root / "rescored"
+    summaries = []
+    for cell in cells:
+        config = yaml.safe_load((cell / "config.yaml").read_text(encoding="utf-8"))
+        ident, decoding = config["task"], config["evaluate"]["decoding"]
+        spec, extractor = load_task(ident["name"]), ident["extractor"]
+        choices: dict[str, Any] = {}
+        if data_dir_or_env(data_dir) is not None:
+            items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
+            choices = {it.id: it.meta.get("choices") for it in items}
+        old = [
+            json.loads(line)
+            for line in (cell / PREDICTIONS).read_text("utf-8").splitlines()
+            if line
+        ]
+        new = []
+        for rec in old:
+            texts = rec["completions"] if "completions" in rec else [rec["completion"]]
+            finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
+            samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
+            item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
+            scored = record(spec, item, samples, extractor, decoding)
+            keep = ("prompt_tokens", "completion_tokens")
+            new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
+        _write_atomic(
+            out_root / f"{cell.name}.jsonl", (json.dumps(r, ensure_ascii=False) for r in new)
+        )
+        stored = json.loads((cell / METRICS).read_text("utf-8"))
+        summaries.append(
+            {
+                "cell": cell.name,
+                "task": spec.name,
+                "n": len(new),
+                "extractor": extractor,
+                "stored_extractor_version": stored.get("extractor_version"),
+                "extractor_version": answers.get_extractor(extractor).version,
+                "stored_accuracy": stored.get("accuracy"),
+                **rates(new, spec.headline),
+                "changed_verdicts": sum(
+                    a["correct"] != b["correct"] for a, b in zip(old, new, strict=True)
+                ),
+                "out": str(out_root / f"{cell.name}.jsonl"),
+            }
+        )
+    return summaries
+
+
 def explain(result: dict[str, Any]) -> str:
     """One scored item as text: verdict, gold, and each reading with its rule and span, or why
     it has no answer."""

@@ -537,6 +537,44 @@ def test_score_explain_names_rule_span_and_reason(shared_data, tmp_path):
     assert first["strict_rule"] == "answer_phrase" and first["strict_span"] == "18."
 
 
+def _fake_eval_cell(root: Path, key: str, records: list[dict], version: int) -> None:
+    cell = root / "cells" / "eval" / key
+    cell.mkdir(parents=True)
+    ident = {"name": "gsm8k", "version": 1, "split": "test", "limit": None,
+             "extractor": "number", "extractor_version": version}  # fmt: skip
+    config = {"model": {}, "adapter": None, "task": ident, "evaluate": {"decoding": "greedy"}}
+    (cell / "config.yaml").write_text(yaml.safe_dump(config))
+    (cell / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    acc = sum(r["correct"] for r in records) / len(records)
+    (cell / "metrics.json").write_text(json.dumps({"accuracy": acc, "extractor_version": version}))
+    (cell / "manifest.json").write_text("{}")
+
+
+def test_rescore_results_dir_without_an_engine(tmp_path):
+    """An old cell scored by extractor v1 ("answer (arabic numerals) is" unread) is re-scored
+    from its completions; the cell itself is left alone."""
+    recs = [
+        {"id": "a", "completion": "Therefore, the answer (arabic numerals) is 18.", "gold": "18",
+         "finish_reason": "stop", "strict": None, "correct": False},
+        {"id": "b", "completion": "The answer is 7.", "gold": "8", "finish_reason": "stop",
+         "strict": "7", "correct": False},
+        {"id": "c", "completion": "The answer is", "gold": "8", "finish_reason": "length",
+         "strict": None, "correct": False},
+    ]  # fmt: skip
+    _fake_eval_cell(tmp_path, "0" * 20, recs, 1)
+    before = (tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl").read_bytes()
+    (summary,) = tasks.rescore_results(tmp_path)
+    assert summary["stored_extractor_version"] == 1
+    assert summary["extractor_version"] == answers.EXTRACTORS["number"].version
+    assert summary["accuracy"] == pytest.approx(1 / 3) and summary["changed_verdicts"] == 1
+    rescored = [json.loads(x) for x in Path(summary["out"]).read_text().splitlines()]
+    assert [r["strict_rule"] for r in rescored] == ["answer_phrase", "answer_phrase", None]
+    assert rescored[2]["strict_reason"] == "truncated at max_tokens"
+    assert (tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl").read_bytes() == before
+    with pytest.raises(UserError, match="no complete eval cells"):
+        tasks.rescore_results(tmp_path / "empty")
+
+
 def test_items_jsonl(shared_data, tmp_path, monkeypatch):
     buf = io.StringIO()
     assert tasks.items_jsonl("coin_flip", "test", shared_data, buf, limit=3) == 3
