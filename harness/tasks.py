@@ -700,6 +700,14 @@ def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
     return [{"source_index": e.index, "reason": e.reason} for e in _spec(task).exclude]
 
 
+def _excluded_ids(spec: TaskSpec) -> set[str]:
+    """Item ids the excluded rows would have had (pooled sources without an id field)."""
+    files, fields = spec.source.files, spec.fields
+    if files is None or set(files.splits) != {"all"} or fields is None or fields.id is not None:
+        return set()
+    return {f"{spec.name}-{e.index}" for e in spec.exclude}
+
+
 def _check_size(
     spec: TaskSpec, split: str, n: int, expected: int | None, root: Path | None
 ) -> None:
@@ -889,6 +897,8 @@ def _read_predictions(
                 )
             if not isinstance(rec.get("completion"), str):
                 raise UserError(f"{where}: field 'completion' is missing or not text.")
+            if rec["id"] in _excluded_ids(spec):
+                continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
             if rec["id"] not in by_id:
                 raise UserError(
                     f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
@@ -966,6 +976,7 @@ def score_file(
         "headline": headline,
         "n": n,
         "n_predictions": len(preds),
+        "excluded_rows": len(spec.exclude),
         "accuracy": sum(r["correct"] for r in results) / max(n, 1),
         "strict_accuracy": sum(r["strict_correct"] for r in results) / max(n, 1),
         "flexible_accuracy": sum(r["flexible_correct"] for r in results) / max(n, 1),

@@ -279,6 +279,14 @@ def test_bbh_option_text_targets_are_mapped_or_excluded_with_a_reason(shared_dat
     assert tasks.excluded("gsm8k") == []
 
 
+def test_predictions_for_excluded_rows_are_skipped(shared_data, tmp_path):
+    preds = tmp_path / "p.jsonl"
+    recs = [{"id": "bbh_ruin_names-99", "completion": "So the answer is (A)."}]
+    preds.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    summary = tasks.score_file("bbh_ruin_names", preds, data_dir=shared_data, split="all")
+    assert summary["n"] == 248 and summary["n_predictions"] == 0 and summary["excluded_rows"] == 2
+
+
 def test_ls_items_reports_exclusions(shared_data):
     out = subprocess.run(
         [sys.executable, "-m", "harness", "ls", "items", "bbh_ruin_names", "--data-dir", str(shared_data)],
