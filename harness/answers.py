@@ -63,7 +63,8 @@ _PHRASE = re.compile(
     + r"(?:\s+"
     + _ADVERB
     + r")?\s+be))\b(?:\s*[:,])?"
-    r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because)\b)"
+    r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because|"
+    r"different|unchanged|accurate|plausible|sensible|logical|satisfactory)\b)"
     r"|\s*[:=]|\s+[-–](?=\s))?"
     r"|\b(?:correct|right|best)\s+(?:option|choice)\b(?P<conn2>\s+is\b|\s*:)?)"
     r"|####(?!\s*[A-Za-z]{2})"  # GSM8K's "#### 18", not a markdown heading "#### Case 1"
@@ -202,7 +203,8 @@ def _statements(text: str, bare_ok: bool) -> list[Statement]:
 _HEDGE = re.compile(
     r"(?i)(?:[\s*_`'\"“”‘’:,]|\b(?:(?:most|very|highly|quite)\s+)?(?:probably|likely|possibly|"
     r"presumably|technically|definitely|certainly|clearly|obviously|actually|indeed|simply|"
-    r"still|then|therefore|thus|hence|now|also|that|going\s+to\s+be|to\s+be|be)\b)*"
+    r"still|then|therefore|thus|hence|now|also|that|going\s+to\s+be|to\s+be|be|"
+    r"I\s+(?:believe|think|guess|would\s+say))\b)*"
 )
 
 
@@ -385,7 +387,7 @@ def _number_equivalent(pred: str, gold: str) -> bool:
 LETTERS = "ABCDEFGHIJKLMNOPQR"  # option labels, in order
 _CHOICE_AT = re.compile(
     r"[\s*_`'\"“”‘’:=(\[]*?(?:(?i:option|choice)\s*:?\s*)?"
-    r"(?:\((?P<p>[A-Ra-r])\)|\[(?P<b>[A-R])\]|(?P<l>[A-R])(?![\w'’-]))"
+    r"(?:\((?P<p>[A-Ra-r])\)|\[(?P<b>[A-R])\]|(?P<l>[A-HJ-R]|I(?=\s*(?:[.,;:)!]|$)))(?![\w'’-]))"
 )
 _OPS = r"→=<>+*/^&|∧∨¬~-"
 _CHOICE_ANY = re.compile(
