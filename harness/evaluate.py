@@ -244,12 +244,6 @@ def _in_item_order(
     engines.emit({"samples": done, "tokens": tokens})
 
 
-# where each answer came from (rule, span) or why there is none (reason), as tasks.score gives them
-READING_FIELDS = tuple(
-    f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
-)
-
-
 def record(
     task: tasks.TaskSpec, item: tasks.Item, samples: list[Sample], extractor: str, decoding: str
 ) -> dict[str, Any]:
@@ -270,7 +264,7 @@ def record(
             **{k: r[k] for k in ("strict", "flexible", "strict_correct", "flexible_correct")},
             "correct": r["correct"],
             "truncated": r["truncated"],
-            **{k: r[k] for k in READING_FIELDS},
+            **{k: r[k] for k in tasks.READING_FIELDS},
         }
     # self-consistency: one vote per sample on each reading; equivalence as tasks.score judges it
     kind = answers.get_extractor(extractor).answer_types[0]
@@ -287,7 +281,7 @@ def record(
         "gold": item.gold,
         "sample_strict": [r["strict"] for r in scored],
         "sample_flexible": [r["flexible"] for r in scored],
-        **{f"sample_{k}": [r[k] for r in scored] for k in READING_FIELDS},
+        **{f"sample_{k}": [r[k] for r in scored] for k in tasks.READING_FIELDS},
         "strict": strict,
         "flexible": flexible,
         "strict_correct": strict_ok,

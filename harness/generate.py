@@ -187,6 +187,7 @@ def _record(
         "strict_correct": scored["strict_correct"],
         "flexible_correct": scored["flexible_correct"],
         "correct": scored["correct"],
+        **{k: scored[k] for k in tasks.READING_FIELDS},
     }
 
 

@@ -822,6 +822,11 @@ def render_prompt(
     return _render(spec.prompt.few_shot_cot, fewshot=block, question=item.question)
 
 
+# where each answer came from (rule, span) or why there is none (reason): in every verdict record
+READING_FIELDS = tuple(
+    f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
+)
+
 # --- scoring ------------------------------------------------------------------------------------------------
 
 

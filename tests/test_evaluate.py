@@ -195,7 +195,7 @@ def test_metric_loads_offline_by_path_and_matches_tasks_score() -> None:
         "She pays $1,080 in all. The answer is $1,080.",
         "5+7=12, so 13.",  # strict: no statement; flexible: 13
         "The answer is",  # cut at max_tokens
-        "The answer is 42. Or maybe 41",
+        "The answer is 42. Or maybe 41",  # flexible keeps the stated 42 (extractor v2)
     ]
     finish = ["stop", "stop", "stop", "length", "stop"]
     got = acc.compute(predictions=completions, references=gold, task=TASK, finish_reasons=finish)
@@ -203,7 +203,7 @@ def test_metric_loads_offline_by_path_and_matches_tasks_score() -> None:
     want = [tasks.score(spec, c, g, f) for c, g, f in zip(completions, gold, finish, strict=True)]
     assert got["accuracy"] == sum(w["correct"] for w in want) / 5 == 0.6
     assert got["strict_accuracy"] == sum(w["strict_correct"] for w in want) / 5
-    assert got["flexible_accuracy"] == sum(w["flexible_correct"] for w in want) / 5 == 0.4
+    assert got["flexible_accuracy"] == sum(w["flexible_correct"] for w in want) / 5 == 0.6
     assert got["format_failure_rate"] == 0.2 and got["truncation_rate"] == 0.2
     with pytest.raises(ValueError, match="task=NAME"):
         acc.compute(predictions=completions, references=gold)
