@@ -491,6 +491,16 @@ def _several_choices(span: str, choices: Choices = None) -> str | None:
         letters = {x.upper() for x in re.findall(r"(?<![\w(])\(?([A-Ra-r])\)?(?![\w(])", m.group())}
         if len(letters) > 1:
             return ", ".join(f"({x})" for x in sorted(letters))
+    if choices:  # "(B) wall (E) table": options listed with their texts
+        for m in re.finditer(r"\(?\b([A-Ra-r])\)\s*", sentence):
+            i = LETTERS.find(m.group(1).upper())
+            rest = sentence[m.end() :]
+            if 0 <= i < len(choices) and choices[i] and rest.lower().startswith(choices[i].lower()):
+                nxt = re.match(
+                    r"\s*[,;]?\s*(?:and\s+|or\s+)?\(?([A-Ra-r])\)", rest[len(choices[i]) :]
+                )
+                if nxt and nxt.group(1).upper() != m.group(1).upper():
+                    return f"({m.group(1).upper()}), ({nxt.group(1).upper()})"
     if choices and not _CHOICE_AT.match(_unhedged(span)):
         said = _norm_text(sentence[:_SPAN_CHARS])
         named = _named_options(said, [_norm_text(c)[:_SPAN_CHARS] for c in choices[: len(LETTERS)]])
