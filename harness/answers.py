@@ -64,7 +64,9 @@ _PHRASE = re.compile(
     + _ADVERB
     + r")?\s+be))\b(?:\s*[:,])?"
     r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because|"
-    r"different|unchanged|accurate|plausible|sensible|logical|satisfactory)\b)"
+    r"different|unchanged|accurate|plausible|sensible|logical|satisfactory|based|derived|"
+    r"obtained|calculated|determined|explained|justified|supported|shown)\b"
+    r"|\s*not\s+(?:\([A-R]\)|[A-R]\b|option\b|choice\b))"
     r"|\s*[:=]|\s+[-–](?=\s))?"
     r"|\b(?:correct|right|best)\s+(?:option|choice)\b(?P<conn2>\s+is\b|\s*:)?)"
     r"|####(?!\s*[A-Za-z]{2})"  # GSM8K's "#### 18", not a markdown heading "#### Case 1"
