@@ -269,10 +269,20 @@ class Store:
                 f"{self.root}: another cotgap process is using this results directory "
                 f"(lock file {self.root / '.lock'}); wait for it to finish, or pass --wait SECONDS."
             ) from None
+        self._remove_stale_cell_locks()
         try:
             yield
         finally:
             _release(lock)
+
+    def _remove_stale_cell_locks(self) -> None:
+        """Cell lock files a killed run left behind: the cells they guarded were completed by a
+        worker since, or will be reopened; one that some process still holds stays."""
+        for path in self.root.glob("cells/*/*.lock"):
+            stale = FileLock(str(path))
+            with contextlib.suppress(Timeout, OSError):
+                stale.acquire(timeout=0)
+                _release(stale)
 
     def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> Cell:
         return Cell(self, kind, key, config, upstream)
@@ -364,17 +374,22 @@ class Cell:
         summary: Mapping[str, Any] | None = None,
         packages: Sequence[str] = (),
         start: float | None = None,
+        exclude: Sequence[str] = (),
     ) -> dict:
         """Write manifest.json last: from now on the cell is complete. `start` (a time.time())
-        replaces the opening time, for a cell that a worker process completes."""
+        replaces the opening time, for a cell that a worker process completes; `exclude` names
+        top-level entries that are not outputs (scratch the caller removes after this)."""
         if start is not None:
             self._start = start
         for w in self._writers:
             w.close()
         outputs = {}
         for p in sorted(self.dir.rglob("*")):
-            if p.is_file() and p.name != "manifest.json" and not p.name.startswith("."):
-                outputs[str(p.relative_to(self.dir))] = sha256_file(p)
+            rel = p.relative_to(self.dir)
+            if rel.parts[0] in exclude or p.name == "manifest.json" or p.name.startswith("."):
+                continue
+            if p.is_file():
+                outputs[str(rel)] = sha256_file(p)
         end = time.time()
         manifest = {
             "kind": self.kind,

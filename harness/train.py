@@ -312,6 +312,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
     from accelerate.utils import set_seed
 
+    started = time.time()
     job = read_json(cell_dir / "job.json", f"delete {cell_dir} and re-run to train that cell again")
     cfg = TrainConfig.model_validate(job["train"])
     every_s = job.get("checkpoint_seconds", cfg.checkpoint_seconds)
@@ -361,7 +362,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
         summary = _summary(cell_dir, cfg, progress, len(data), world)
         atomic_write_json(cell_dir / "summary.json", summary)
         if "cell" in job:
-            _complete(cell_dir, job, summary)
+            _complete(cell_dir, job, summary, started)
     acc.end_training()
     return summary
 
@@ -382,16 +383,16 @@ def _checkpoint_due(acc: Any, cfg: TrainConfig, step: int, since: float, every_s
     return bool(due.item())
 
 
-def _complete(cell_dir: Path, job: dict, summary: dict) -> None:
+def _complete(cell_dir: Path, job: dict, summary: dict, started: float) -> None:
     """Complete the adapter cell through the store, as the parent process would, now that it is
-    trained: a later kill of this worker (training the group's next cell) keeps it."""
-    shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
+    trained: a later kill of this worker (training the group's next cell) keeps it. The last
+    checkpoint goes only after the manifest: a kill in between must not lose the cell."""
     cell = Store(job["cell"]["root"]).open_cell(
         "adapter", job["cell"]["key"], None, job["cell"]["upstream"]
     )
-    started = (cell_dir / "job.json").stat().st_mtime
     full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"]}
-    cell.finish(full, packages=TRAIN_PACKAGES, start=started)
+    cell.finish(full, packages=TRAIN_PACKAGES, start=started, exclude=("checkpoints",))
+    shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
 
 
 def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:

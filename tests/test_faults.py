@@ -10,6 +10,7 @@ group is killed: the CLI, its engine child and its training worker.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -28,7 +29,8 @@ from helpers import sandbox_grid
 from harness import plan
 from harness.config import load_experiment
 from harness.sandbox import zoo
-from harness.store import Store
+from harness.sandbox.random_model import random_llama
+from harness.store import Store, read_jsonl
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]
@@ -139,6 +141,214 @@ def write(tmp: Path, name: str) -> Path:
     )
     config.write_text(yaml.safe_dump(grid))
     return config
+
+
+# --- training groups: adapters of one student share a worker ------------------------------------
+
+
+def training_workspace(tmp: Path, name: str, **train: object) -> Path:
+    """A config whose traces cells are already on disk (written here, no engine), so that
+    `cotgap train` builds the datasets and trains 2 teachers x 3 seeds = 6 adapters of one student
+    (a random-init tiny Llama) in one worker."""
+    model = tmp / "tiny-llama"
+    if not model.is_dir():
+        random_llama(model, tie_embeddings=False, max_positions=256)
+    teachers = [
+        {"name": n, "path": str(model), "engine": {"max_model_len": 200 + i}}
+        for i, n in enumerate(["t-a", "t-b"])
+    ]
+    grid = sandbox_grid("groups", tmp / name, teachers=teachers, seeds=[0, 1, 2], **train)
+    grid["students"] = [{"name": "stu", "path": str(model)}]
+    config = tmp / f"{name}.yaml"
+    config.write_text(yaml.safe_dump(grid))
+    exp = load_experiment(config)
+    store = Store(exp.root)
+    for cell in plan.expand(exp):
+        if cell.kind == "traces":
+            rng = random.Random(cell.meta["model"])
+            with store.open_cell("traces", cell.key, cell.config) as out:
+                out.write_text(
+                    "traces.jsonl", "".join(json.dumps(coin(rng, i)) + "\n" for i in range(64))
+                )
+                out.finish()
+    return config
+
+
+def coin(rng: random.Random, i: int) -> dict:
+    flips = " ".join(rng.choice(["flips", "keeps"]) for _ in range(rng.randint(1, 4)))
+    answer = "yes" if flips.count("flips") % 2 == 0 else "no"
+    return {
+        "id": f"coin-{i}",
+        "sample": 0,
+        "prompt": f"A coin is heads up. Ann {flips} it. Is it still heads up?",
+        "completion": f"Ann {flips} it. The answer is {answer}.",
+        "finish_reason": "stop",
+        "correct": True,
+    }
+
+
+CHECKPOINT_S = 1.0  # train.checkpoint_seconds in the group tests (the default is 60)
+GROUP_STEPS = 30
+
+
+class Log:
+    """A run's stderr, read by a thread: every line, and a wait for a pattern."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.lines: list[str] = []
+        self._new = threading.Condition()
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stderr:
+            with self._new:
+                self.lines.append(line)
+                self._new.notify_all()
+        with self._new:
+            self.lines.append("")  # EOF
+            self._new.notify_all()
+
+    def text(self, timeout: float = 30) -> str:
+        """All of it, once the run closed its stderr."""
+        with self._new:
+            self._new.wait_for(lambda: "" in self.lines, timeout)
+            return "".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> bool:
+        """Whether a line matching `pattern` came before EOF (and within `timeout` s)."""
+        with self._new:
+            return bool(
+                self._new.wait_for(
+                    lambda: any(re.search(pattern, ln) for ln in self.lines) or "" in self.lines,
+                    timeout,
+                )
+                and any(re.search(pattern, ln) for ln in self.lines)
+            )
+
+
+def cotgap_popen(*args: str) -> tuple[subprocess.Popen, Log]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    return proc, Log(proc)
+
+
+def durable_steps(root: Path) -> tuple[int, float]:
+    """(Steps a resume keeps: every complete adapter's plus each open one's last checkpoint;
+    seconds of training logged after the open cells' last checkpoints: what the kill lost)."""
+    kept, lost = 0, 0.0
+    for cell in sorted((root / "cells" / "adapter").glob("*")):
+        if not cell.is_dir():
+            continue
+        if (cell / "manifest.json").exists():
+            kept += GROUP_STEPS
+            continue
+        steps = [int(p.name[5:]) for p in (cell / "checkpoints").glob("step-*")]
+        at = max(steps, default=0)
+        kept += at
+        log = read_jsonl(cell / "train_log.jsonl")
+        if log:
+            before = [r["elapsed"] for r in log if r["step"] == at] or [0.0]
+            lost += log[-1]["elapsed"] - before[0]
+    return kept, lost
+
+
+def group_artefacts(root: Path) -> dict[str, bytes]:
+    """Training outputs that must not depend on kills: weights, adapter config, datasets, configs,
+    and the step log without its timings."""
+    out = {}
+    for p in sorted((root / "cells").rglob("*")):
+        rel = str(p.relative_to(root))
+        if not p.is_file() or "checkpoints" in rel:
+            continue
+        if p.suffix == ".safetensors" or p.name in (
+            "adapter_config.json",
+            "examples.jsonl",
+            "config.yaml",
+        ):
+            out[rel] = p.read_bytes()
+        elif p.name == "train_log.jsonl":
+            rows = [{k: r[k] for k in ("step", "loss", "lr", "tokens")} for r in read_jsonl(p)]
+            out[rel] = json.dumps(rows).encode()
+    return out
+
+
+def test_kills_during_a_training_group_always_make_progress(tmp_path):
+    """Finding: adapters sharing a worker were completed only when the whole group ended, and
+    resumed from step 0, so kills closer together than a group never let a run finish. Now every
+    kill (SIGKILL of the whole process group at a seeded random time after training starts) leaves
+    more durable steps than the one before, loses at most about `checkpoint_seconds` of training,
+    and the final artefacts equal an uninterrupted run's."""
+    settings = {"max_steps": GROUP_STEPS, "checkpoint_seconds": CHECKPOINT_S}
+    reference = training_workspace(tmp_path, "reference", **settings)
+    assert cotgap_popen("train", str(reference))[0].wait(timeout=600) == 0
+    config = training_workspace(tmp_path, "killed", **settings)
+    root = load_experiment(config).root
+    rng = random.Random(23)
+    kept, lost, start = [0], [], time.time()
+    for attempt in range(40):
+        proc, log = cotgap_popen("train", str(config))
+        if log.wait_for(r"train adapter:\S+: \d+ to do"):
+            time.sleep(rng.uniform(CHECKPOINT_S + 1.0, CHECKPOINT_S + 3.0))
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        now, lost_s = durable_steps(root)
+        assert now > kept[-1], f"kill {attempt + 1} made no progress: {kept} then {now}"
+        kept.append(now)
+        lost.append(lost_s)
+    assert proc.wait() == 0, "".join(log.lines[-20:])
+    print(
+        f"\n{len(lost)} kills in {time.time() - start:.0f} s; durable steps after each kill "
+        f"(of {6 * GROUP_STEPS}): {kept[1:]}; training lost per kill (s): "
+        f"{[round(x, 2) for x in lost]}"
+    )
+    assert len(lost) >= 3, "the kills came too late to test anything"
+    assert max(lost) <= CHECKPOINT_S + 2.0  # one checkpoint interval, one step, the save
+    got, want = group_artefacts(root), group_artefacts(load_experiment(reference).root)
+    assert sum(k.endswith("adapter_model.safetensors") for k in want) == 6
+    assert set(got) == set(want)
+    assert [k for k in want if got[k] != want[k]] == []
+    leftovers = [p for p in root.rglob("*") if ".tmp" in p.name or p.name.endswith(".lock")]
+    assert leftovers == [] and not list(root.glob("cells/adapter/*/checkpoints"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_and_its_workers_and_the_run_resumes(tmp_path, sig):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) or SIGTERM to cotgap
+    alone (kill PID, a scheduler): the workers stop, one line says the results are kept, the exit
+    status is 128 + the signal, nothing is left locked or half-written, and a re-run completes."""
+    import psutil
+
+    config = training_workspace(tmp_path, "sig", max_steps=GROUP_STEPS, checkpoint_seconds=1.0)
+    root = load_experiment(config).root
+    proc, log = cotgap_popen("train", str(config))
+    assert log.wait_for(r"train adapter:\S+: \d+ to do"), "".join(log.lines)
+    time.sleep(1.5)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert workers, "no training worker to stop"
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+    assert proc.wait(timeout=60) == 128 + sig
+    psutil.wait_procs(workers, timeout=30)
+    assert not [w for w in workers if w.is_running()], "a worker outlived cotgap"
+    text = log.text()
+    assert "Traceback" not in text, text
+    name = signal.Signals(sig).name
+    line = f"interrupted ({name}): results in {root} are kept; re-run the same command to resume."
+    assert text.rstrip().endswith(line), text[-2000:]
+    assert not [p for p in root.rglob("*") if ".tmp" in p.name or p.name.endswith(".lock")]
+    again, log = cotgap_popen("train", str(config))
+    assert again.wait(timeout=600) == 0, "".join(log.lines[-20:])
+    assert len(list(root.glob("cells/adapter/*/manifest.json"))) == 6
 
 
 def test_sigkill_at_seeded_points_then_resume_equals_uninterrupted(tmp_path):

@@ -206,3 +206,18 @@ def test_damaged_manifest_names_the_file_and_check_lists_the_cell(tmp_path):
             ("eval", keys[2], "metrics.json is missing"),
         ]
     )
+
+
+def test_lock_files_of_a_killed_run_go_with_the_next_run(tmp_path):
+    """SIGKILL skips every release: the next run on the directory removes the cell lock files
+    that no process holds, and leaves a held one alone."""
+    store = Store(tmp_path / "exp")
+    stale, held = (store.root / "cells" / "adapter" / f"{k * 20}.lock" for k in "ab")
+    stale.parent.mkdir(parents=True)
+    stale.touch()
+    holder = store.open_cell("adapter", "b" * 20, {})
+    with holder:
+        with store.lock():
+            pass
+        assert not stale.exists() and held.exists()
+    assert not held.exists()
