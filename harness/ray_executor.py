@@ -94,7 +94,7 @@ def run(
                 max_retries=exp.ray.max_retries,
                 retry_exceptions=False,
                 name=f"cotgap-{kind}-{group[0].key}",
-            ).remote(exp_data, str(store.root), kind, group)
+            ).remote(exp_data, str(store.root.resolve()), kind, group)  # workers' cwd may differ
             in_flight[ref] = (kind, group)
             running.update(c.key for c in group)
             log(f"[{len(done)}/{len(todo)} cells done] {plan.group_label(kind, group)} (Ray task)")

@@ -239,7 +239,7 @@ def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dic
                 ],
             }
             out.write_json("job.json", job)
-            # a summary left by a killed run would pass for this worker's: it is written again
+            # a killed run's summary is not this worker's (it writes its own before completing)
             (out.dir / "summary.json").unlink(missing_ok=True)
         rc = _run_worker(worker_command([o.dir.resolve() for o in outs], cfg))
         summaries = {}
@@ -268,7 +268,7 @@ def _run_worker(cmd: list[str]) -> int:
 
 def stop_tree(pid: int, grace: float = 10.0) -> None:
     """SIGTERM a process and its descendants, SIGKILL what is left after `grace` seconds."""
-    import psutil
+    import psutil  # a dependency of accelerate
 
     with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)

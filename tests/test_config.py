@@ -118,3 +118,15 @@ def test_task_refs_accept_names_and_mappings(tmp_path):
     exp: Experiment = load_experiment(write(tmp_path, data), check_tasks=False)
     assert [t.name for t in exp.tasks] == ["sandbox_addition", "gsm8k"]
     assert exp.task("gsm8k").test_limit == 5
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    from harness.config import read_yaml
+
+    path = tmp_path / "x.yaml"
+    path.write_text("a: 1\nb:\n  c: 2\n  d: 3\n  c: 4\n")
+    with pytest.raises(UserError, match=r"x.yaml: duplicate key 'c' \(lines 3 and 5\)"):
+        read_yaml(path)
+    # a merge key's values may be overridden: that is what `<<` is for
+    path.write_text("base: &b {n: 1, m: 2}\nuse:\n  <<: *b\n  n: 3\n")
+    assert read_yaml(path)["use"] == {"n": 3, "m": 2}
