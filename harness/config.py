@@ -17,10 +17,17 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from harness.errors import UserError
 
@@ -74,8 +81,24 @@ class TaskRef(Strict):
 PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
+def vllm_installed() -> bool:
+    """Whether `import vllm` can work here (found, not imported: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _engine(name: str) -> str:
+    # "auto" resolves when the config is read, so cell keys hash the engine that will run:
+    # vLLM where it is installed, else the transformers engine (macOS, aarch64, other Pythons).
+    return ("vllm" if vllm_installed() else "hf") if name == "auto" else name
+
+
+Engine = Annotated[Literal["auto", "vllm", "hf"], AfterValidator(_engine)]
+
+
 class GenerateConfig(Strict):
-    engine: Literal["vllm", "hf"] = "vllm"
+    engine: Engine = Field("auto", validate_default=True)
     n: int = Field(1, ge=1)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -118,7 +141,9 @@ class TrainConfig(Strict):
     checkpoint_seconds: float = Field(
         60, ge=0, description="checkpoint after this much training time (0 = never)"
     )
-    bf16: bool = False
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 where the hardware has it natively, else fp32"
+    )
     group_by_length: bool = True
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
@@ -134,7 +159,7 @@ class TrainConfig(Strict):
 class EvalConfig(Strict):
     """The one evaluation config: used identically for teachers, baselines and distilled students."""
 
-    engine: Literal["vllm", "hf"] = "vllm"
+    engine: Engine = Field("auto", validate_default=True)
     prompt_style: PromptStyle = "zero_shot_cot"
     num_fewshot: int = Field(0, ge=0)
     decoding: Literal["greedy", "self_consistency"] = "greedy"

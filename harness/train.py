@@ -298,7 +298,7 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     launch += f"--multi_gpu --num_machines 1 --main_process_port {port} --dynamo_backend no".split()
-    launch += ["--mixed_precision", "bf16" if cfg.bf16 else "no"]
+    launch += ["--mixed_precision", "bf16" if _precision(cfg) == "bf16" else "no"]
     if not torch.cuda.is_available():
         threads = max(1, (os.cpu_count() or 1) // cfg.num_processes)
         launch += ["--num_cpu_threads_per_process", str(threads)]
@@ -404,12 +404,20 @@ def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
     return bar
 
 
+def _precision(cfg: TrainConfig) -> str:
+    """bf16 or fp32: the config's, or for "auto" what this machine runs natively (a CPU without
+    bf16 instructions emulates it ~6x slower than fp32). Recorded in the adapter's summary."""
+    from harness import precision
+
+    return precision.choose(cfg.precision, "cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator
 
     acc = Accelerator(
         gradient_accumulation_steps=cfg.grad_accum,
-        mixed_precision="bf16" if cfg.bf16 else "no",
+        mixed_precision="bf16" if _precision(cfg) == "bf16" else "no",
         cpu=not torch.cuda.is_available(),
         step_scheduler_with_optimizer=False,  # else it steps once per process per optimizer step
     )
@@ -467,7 +475,7 @@ def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, 
 
     transformers.utils.logging.disable_progress_bar()  # our own bar shows the training steps
     # A frozen base may sit in bf16; what trains stays fp32 (peft keeps adapters in fp32).
-    dtype = torch.bfloat16 if cfg.bf16 and cfg.method == "lora" else torch.float32
+    dtype = torch.bfloat16 if _precision(cfg) == "bf16" and cfg.method == "lora" else torch.float32
     remote = job["trust_remote_code"]
     model = AutoModelForCausalLM.from_pretrained(
         job["model_dir"], dtype=dtype, trust_remote_code=remote
@@ -637,6 +645,7 @@ def _summary(cell_dir: Path, cfg: TrainConfig, progress: dict, n_examples: int, 
     micro_batches_seen = progress["step"] * cfg.grad_accum * world
     return {
         "method": cfg.method,
+        "precision": _precision(cfg),
         "examples": n_examples,
         "steps": progress["step"],
         "effective_batch": cfg.per_device_batch_size * cfg.grad_accum * world,

@@ -353,6 +353,27 @@ def test_run_in_child_failure_names_label_and_log(tmp_path):
         run_in_child(child_user_error, label="x", log_path=log, inprocess=False)
 
 
+def test_a_warm_child_serves_call_after_call_and_a_failed_one_is_replaced(tmp_path):
+    first = run_in_child(child_task, 1, label="a", log_path=tmp_path / "a.log", inprocess=False,
+                         reuse=True)  # fmt: skip
+    second = run_in_child(child_task, 2, label="b", log_path=tmp_path / "b.log", inprocess=False,
+                          reuse=True)  # fmt: skip
+    assert first["pid"] == second["pid"] != os.getpid()  # one process, imports paid once
+    # each call's output goes to its own log
+    assert (tmp_path / "a.log").read_text().count("hello") == 1
+    assert (tmp_path / "b.log").read_text().count("hello") == 1
+    with pytest.raises(ChildFailed, match="exit code 1"):
+        run_in_child(child_fails, label="c", log_path=tmp_path / "c.log", inprocess=False,
+                     reuse=True)  # fmt: skip
+    assert not _running(first["pid"])  # a child whose call failed is never reused
+    third = run_in_child(child_task, 3, label="d", log_path=tmp_path / "d.log", inprocess=False,
+                         reuse=True)  # fmt: skip
+    assert third["pid"] != first["pid"] and third["double"] == 6
+    fresh = run_in_child(child_task, 4, label="e", log_path=tmp_path / "e.log", inprocess=False,
+                         reuse=False)  # fmt: skip
+    assert fresh["pid"] != third["pid"] and not _running(fresh["pid"])
+
+
 def child_sleeps(pid_file: str) -> None:
     Path(pid_file).write_text(str(os.getpid()))
     time.sleep(120)

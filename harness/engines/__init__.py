@@ -75,6 +75,18 @@ def inprocess_default() -> bool:
     return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
 
 
+def _reuse_default() -> bool:
+    """Whether engine work reuses one warm child process per run. On a CPU machine it does: a
+    fresh child pays `import vllm` and the first engine's set-up (measured 7-20 s) for every
+    model of every stage, most of a small grid's time; memory goes back to the allocator when a
+    job's engine is dropped. With a GPU each group gets a fresh child, which is the only sure way
+    to hand every byte of GPU memory back. COTGAP_ENGINE_WORKER=fresh|reuse overrides."""
+    env = os.environ.get("COTGAP_ENGINE_WORKER", "").lower()
+    if env in ("fresh", "reuse"):
+        return env == "reuse"
+    return not (Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists())
+
+
 def run_in_child(
     fn: Callable[..., Any],
     *args: Any,
@@ -82,15 +94,18 @@ def run_in_child(
     log_path: str | Path,
     on_event: Callable[[Any], None] | None = None,
     inprocess: bool | None = None,
+    reuse: bool | None = None,
     **kwargs: Any,
 ) -> Any:
-    """Call `fn(*args, **kwargs)` in a fresh Python process and return its (picklable) result.
+    """Call `fn(*args, **kwargs)` in a child Python process and return its (picklable) result.
 
     `fn` must be importable by reference (a module-level function outside `__main__`). Its stdout
     and stderr, the engine's logs included, go to `log_path`; calls to `emit(event)` in it reach
     `on_event` here. A failure raises `ChildFailed` naming `label` and the log (a `UserError` in
     the child stays one). The child exits by itself when this process dies, even by SIGKILL.
-    Unlike multiprocessing's "spawn", the caller's main script is not imported again.
+    Unlike multiprocessing's "spawn", the caller's main script is not imported again. With
+    `reuse` (default: `_reuse_default()`), one warm child serves call after call; a child whose
+    call failed is not reused.
     """
     global _emit
     if inprocess is None:
@@ -101,51 +116,85 @@ def run_in_child(
             return fn(*args, **kwargs)
         finally:
             _emit = previous
-
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    messages_r, messages_w = os.pipe()  # child -> parent: events and the outcome
-    alive_r, alive_w = os.pipe()  # held open by this process only: EOF in the child = we died
-    code = (
-        f"import sys; sys.path.insert(0, {_HARNESS_ROOT!r}); "
-        f"from harness.engines import _child_main; _child_main({messages_w}, {alive_r})"
-    )
-    with open(log_path, "ab") as log:
-        child = subprocess.Popen(
+    worker = _Worker.get() if (_reuse_default() if reuse is None else reuse) else _Worker()
+    try:
+        outcome = worker.call((fn, args, kwargs, str(log_path)), on_event)
+    except BaseException:
+        worker.stop(kill=True)
+        raise
+    ok = outcome is not None and outcome[0] == "result"
+    if not ok or worker is not _Worker.warm:
+        worker.stop()  # after a failed call the child exits by itself: it is never reused
+    if ok:
+        return outcome[1]
+    raise _failure(label, log_path, worker.child.returncode, outcome)
+
+
+class _Worker:
+    """A child Python process that runs calls sent through its stdin, one after another."""
+
+    warm: _Worker | None = None  # the reusable one, started by the first call that reuses
+
+    @classmethod
+    def get(cls) -> _Worker:
+        if cls.warm is None or cls.warm.child.poll() is not None:
+            cls.warm = cls()
+        return cls.warm
+
+    def __init__(self) -> None:
+        messages_r, messages_w = os.pipe()  # child -> parent: events and outcomes
+        alive_r, self.alive_w = os.pipe()  # held open here only: EOF in the child = we died
+        code = (
+            f"import sys; sys.path.insert(0, {_HARNESS_ROOT!r}); "
+            f"from harness.engines import _child_main; _child_main({messages_w}, {alive_r})"
+        )
+        self.child = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=log,
+            stdout=subprocess.DEVNULL,  # each call sends the child's output to its own log
+            stderr=subprocess.DEVNULL,
             pass_fds=(messages_w, alive_r),
         )
-    os.close(messages_w)
-    os.close(alive_r)
-    outcome: tuple[str, Any] | None = None
-    try:
-        with contextlib.suppress(BrokenPipeError), child.stdin:  # a child that died at start-up
-            pickle.dump(sys.path, child.stdin)
-            pickle.dump((fn, args, kwargs), child.stdin)
-        with Connection(messages_r, writable=False) as conn:
-            while True:
-                try:
-                    kind, payload = conn.recv()
-                except EOFError:
-                    break
-                if kind == "event":
-                    if on_event is not None:
-                        on_event(payload)
-                else:
-                    outcome = (kind, payload)
-        child.wait()
-    except BaseException:
-        child.kill()
-        child.wait()
-        raise
-    finally:
-        os.close(alive_w)
-    if child.returncode == 0 and outcome and outcome[0] == "result":
-        return outcome[1]
-    raise _failure(label, log_path, child.returncode, outcome)
+        os.close(messages_w)
+        os.close(alive_r)
+        self.conn = Connection(messages_r, writable=False)
+        with contextlib.suppress(BrokenPipeError):  # a child that died at start-up
+            pickle.dump(sys.path, self.child.stdin)
+            self.child.stdin.flush()
+
+    def call(self, job: tuple, on_event: Callable[[Any], None] | None) -> tuple[str, Any] | None:
+        """Send one call; relay its events; return its outcome (None: the child died)."""
+        try:
+            pickle.dump(job, self.child.stdin)
+            self.child.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return None
+        while True:
+            try:
+                kind, payload = self.conn.recv()
+            except EOFError:
+                self.child.wait()
+                return None
+            if kind != "event":
+                return kind, payload
+            if on_event is not None:
+                on_event(payload)
+
+    def stop(self, kill: bool = False) -> None:
+        if _Worker.warm is self:
+            _Worker.warm = None
+        if self.conn.closed:
+            return
+        if kill:
+            self.child.kill()
+        with contextlib.suppress(OSError):
+            self.child.stdin.close()  # EOF: the child's loop ends
+        self.child.wait()
+        self.conn.close()
+        with contextlib.suppress(OSError):
+            os.close(self.alive_w)
 
 
 def run_stage(
@@ -200,8 +249,9 @@ def _tail(path: Path, lines: int = 20) -> str:
 
 
 def _child_main(messages_fd: int, alive_fd: int) -> None:
-    """Entry point of the child: read the call from stdin, run it, report through `messages_fd`."""
+    """Entry point of the child: run the calls read from stdin, report through `messages_fd`."""
     global _emit
+    import gc
 
     def exit_when_parent_dies() -> None:
         while os.read(alive_fd, 1):
@@ -211,20 +261,29 @@ def _child_main(messages_fd: int, alive_fd: int) -> None:
     threading.Thread(target=exit_when_parent_dies, daemon=True, name="watch-parent").start()
     conn = Connection(messages_fd, readable=False)
     sys.path[:] = pickle.load(sys.stdin.buffer)  # so that fn's module imports as in the parent
-    fn, args, kwargs = pickle.load(sys.stdin.buffer)
     _emit = lambda event: conn.send(("event", event))  # noqa: E731
-    code = 0
-    try:
-        conn.send(("result", fn(*args, **kwargs)))
-    except UserError as e:
-        traceback.print_exc()
-        conn.send(("user_error", str(e)))
-        code = 2
-    except BaseException as e:
-        traceback.print_exc()
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    sys.exit(code)
+    while True:
+        try:
+            fn, args, kwargs, log_path = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            sys.exit(0)
+        with open(log_path, "ab") as log:  # this call's output, the engine's logs included
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        try:
+            outcome: tuple[str, Any] = ("result", fn(*args, **kwargs))
+        except UserError as e:
+            traceback.print_exc()
+            outcome = ("user_error", str(e))
+        except BaseException as e:
+            traceback.print_exc()
+            outcome = ("error", f"{type(e).__name__}: {e}")
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        gc.collect()  # the call's engine, so that the next one finds its memory free
+        conn.send(outcome)
+        if outcome[0] != "result":
+            sys.exit(2 if outcome[0] == "user_error" else 1)

@@ -1,13 +1,22 @@
 """A zoo of tiny Llama models with the character tokenizer, pretrained from scratch on CPU.
 
-    cotgap sandbox build                      # the demo zoo: 3 teachers, 2 students (~5 min, 2 cores)
-    python -c "from harness.sandbox import zoo; zoo.build(profile='test')"   # the test zoo (<1 min)
+    cotgap sandbox verify                     # the shipped zoo: sha256 of every file (< 1 s)
+    cotgap sandbox build                      # rebuild the demo zoo from scratch into the cache
+    cotgap sandbox build --check              # ... and compare its accuracies with the shipped one
+
+The built zoo ships inside the package (`harness/sandbox/models/`, MODEL_CARD.md there): a demo's
+numbers must not depend on the CPU it runs on, and pretraining takes minutes on a fast CPU and far
+longer on one without native bf16. `sandbox:<name>` means the shipped model, each file checked
+against SHA256SUMS when first used; a shipped model whose recipe hash no longer matches the code is
+ignored, and the model is then looked up in (or built into) the cache like any rebuild.
 
 Each model is a standard Hugging Face directory (config.json, model.safetensors, tokenizer files,
 generation_config.json with the EOS) that transformers and vLLM load, plus `zoo.json`: the recipe,
-steps, tokens, wall time and greedy accuracies on held-out test items of every task. A directory is
-named by a hash of its recipe and this code's version, `<zoo_dir>/<name>-<hash12>`; it is trained in
-a temporary directory and renamed when complete, so a second build finds it and returns at once.
+the precision it was trained in, steps, tokens, wall time and greedy accuracies on held-out test
+items of every task. A rebuilt directory is named by a hash of its recipe and this code's version,
+`<zoo_dir>/<name>-<hash12>`; it is trained in a temporary directory and renamed when complete, so a
+second build finds it and returns at once. The precision follows `harness.precision.choose()`
+(bf16 autocast where the CPU has native bf16, fp32 elsewhere; COTGAP_PRECISION forces one).
 
 Pretraining data are the sandbox tasks' train items (question as the user message, rationale as the
 assistant message, rendered with the chat template), drawn with a seed of their own; the tasks'
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import random
@@ -71,16 +81,20 @@ class Recipe:
     eval_items: int = 100
 
 
-# Accuracy here rises steeply with the number of examples seen (~25k -> ~30%, ~50k -> ~85% on
-# addition) and bigger models are not more sample-efficient, so teachers differ by examples first
-# and by size second; students are smaller and see fewer. A batch of 16 learns more per CPU-second
-# than 32 (measured). Build on 2 cores (measured): ~4.7 min for the demo profile, ~50 s for test.
+# Accuracy on addition rises steeply with the examples seen (teacher-l's shape: ~0% after 1,200
+# steps of 16, ~35% after 2,000, ~90% after 4,000 under bf16) and bigger models are not more
+# sample-efficient, so teachers differ by examples first and by size second; students are smaller
+# and see fewer. The precision path moves the curve (measured at 4,000 steps: teacher-l 91% bf16,
+# 75% fp32; teacher-s's shape at 1,400: 0% bf16, 9% fp32), so the steps sit where the teachers stay
+# >= 30 points apart on either path: teacher-l long enough to be near its ceiling on the slower
+# fp32 path, teacher-s and the students early on the rise. A batch of 16 learns more per
+# CPU-second than 32 (measured).
 ZOO: dict[str, Recipe] = {
-    "teacher-l": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=4000),
+    "teacher-l": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=5600),
     "teacher-m": Recipe("teacher", "demo", hidden=64, layers=3, heads=2, intermediate=256, steps=2400),
-    "teacher-s": Recipe("teacher", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=2000),
-    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=128, steps=1700),
-    "student-xs": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=64, steps=1600),
+    "teacher-s": Recipe("teacher", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=1800),
+    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=128, steps=1500),
+    "student-xs": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=64, steps=1400),
     "test-teacher-l": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=1500),
     "test-teacher-s": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=500),
     "test-student": Recipe("student", "test", hidden=64, layers=2, heads=2, intermediate=128, steps=450),
@@ -88,28 +102,86 @@ ZOO: dict[str, Recipe] = {
 PROFILES = ("demo", "test")
 
 
+SHIPPED = Path(__file__).resolve().parent / "models"  # the built zoo, shipped with the package
+SUMS = "SHA256SUMS"
+_REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "zoo.json")
+
+
 def zoo_dir() -> Path:
+    """Where rebuilt models go: $COTGAP_ZOO_DIR, else ~/.cache/cotgap/zoo."""
     return Path(os.environ.get("COTGAP_ZOO_DIR") or Path.home() / ".cache" / "cotgap" / "zoo")
 
 
-def _recipe(name: str) -> Recipe:
+def _recipe(name: str, seed: int | None = None) -> Recipe:
+    """The recipe of `name`; `seed` replaces its seed (a rebuild with another seed)."""
     if name not in ZOO:
         raise UserError(f"unknown sandbox model {name!r}; valid: {', '.join(ZOO)}.")
-    return ZOO[name]
+    return ZOO[name] if seed is None else dataclasses.replace(ZOO[name], seed=seed)
 
 
-def recipe_hash(name: str) -> str:
+def recipe_hash(name: str, seed: int | None = None) -> str:
     """12 hex digits over the recipe and the versions of this code and of the tasks."""
-    recipe = dataclasses.asdict(_recipe(name))
+    recipe = dataclasses.asdict(_recipe(name, seed))
     return config_hash({"recipe": recipe, "zoo": ZOO_VERSION, "tasks": tasks.VERSION})[:12]
 
 
+def _shipped_sums() -> dict[str, str]:
+    """`<name>/<file>` -> sha256, from the shipped SHA256SUMS (empty when nothing is shipped)."""
+    path = SHIPPED / SUMS
+    if not path.is_file():
+        return {}
+    sums = {}
+    for line in path.read_text().splitlines():
+        digest, _, rel = line.partition("  ")
+        sums[rel.strip()] = digest.strip()
+    return sums
+
+
+def shipped(name: str) -> Path | None:
+    """The shipped directory of `name` when it was built from today's recipe, else None."""
+    d = SHIPPED / name
+    info = d / "zoo.json"
+    if not info.is_file():
+        return None
+    import json
+
+    return d if json.loads(info.read_text()).get("hash") == recipe_hash(name) else None
+
+
+@functools.cache
+def verify_shipped(name: str) -> str:
+    """Check every shipped file of `name` against SHA256SUMS (once per process); return the
+    weights' sha256. A mismatch is a UserError that says how to restore the file."""
+    from harness.store import sha256_file
+
+    sums, d = _shipped_sums(), SHIPPED / name
+    listed = [rel.partition("/")[2] for rel in sums if rel.startswith(f"{name}/")]
+    for f in sorted({*listed, *_REQUIRED}):
+        want, path = sums.get(f"{name}/{f}"), d / f
+        got = sha256_file(path) if path.is_file() else None
+        if want is None or got != want:
+            raise UserError(
+                f"shipped sandbox model {name!r}: {path} "
+                + ("is missing" if got is None else "does not match its sha256 in " + SUMS)
+                + f" ({SHIPPED / SUMS}); restore it with `git checkout -- {d}` (or reinstall "
+                "cotgap), or rebuild the zoo with `cotgap sandbox build`."
+            )
+    return sums[f"{name}/model.safetensors"]
+
+
 def model_dir(name: str, root: Path | None = None) -> Path:
+    """The shipped model (when it matches the recipe and no `root` is given), else the rebuilt
+    one under `root` (default `zoo_dir()`)."""
+    _recipe(name)
+    if root is None and (d := shipped(name)) is not None:
+        return d
     return (root or zoo_dir()) / f"{name}-{recipe_hash(name)}"
 
 
 def model_id(name: str) -> str:
-    return f"sandbox:{name}@{recipe_hash(name)}"
+    """What identifies the model in cell keys: its recipe, and the weights' sha256 when shipped."""
+    base = f"sandbox:{name}@{recipe_hash(name)}"
+    return f"{base}/sha256:{verify_shipped(name)[:16]}" if shipped(name) else base
 
 
 def is_built(name: str, root: Path | None = None) -> bool:
@@ -127,10 +199,14 @@ def build(
     progress: bool = True,
     profile: str = "demo",
     root: Path | None = None,
+    rebuild: bool = False,
+    seed: int | None = None,
 ) -> dict[str, Path]:
-    """Build the missing models of `names` (default: every model of `profile`) under `root`
-    (default `zoo_dir()`); return every model's directory. A file lock per model lets concurrent
-    builders share one zoo: the second waits, then finds the model built."""
+    """Every model's directory for `names` (default: every model of `profile`): the verified
+    shipped model where there is one, unless `rebuild` or a `root` is given; otherwise a build
+    under `root` (default `zoo_dir()`), cached by recipe hash. A file lock per model lets
+    concurrent builders share one zoo: the second waits, then finds the model built. `seed`
+    replaces every recipe's seed (a rebuild, never the shipped model)."""
     from filelock import FileLock
 
     if "torch" not in sys.modules:
@@ -140,27 +216,34 @@ def build(
     names = list(names) if names is not None else names_for(profile)
     for name in names:
         _recipe(name)
-    root = Path(root or zoo_dir())
-    root.mkdir(parents=True, exist_ok=True)
     out = {}
-    with _progress(progress) as report:
+    if root is None and not rebuild and seed is None:
         for name in names:
-            final = model_dir(name, root)
+            if shipped(name):
+                verify_shipped(name)
+                out[name] = shipped(name)
+    root = Path(root or zoo_dir())
+    todo = [n for n in names if n not in out]
+    if todo:
+        root.mkdir(parents=True, exist_ok=True)
+    with _progress(progress and bool(todo)) as report:
+        for name in todo:
+            final = root / f"{name}-{recipe_hash(name, seed)}"
             with FileLock(str(root / f".{final.name}.lock")):
-                if not is_built(name, root):
-                    _build_one(name, final, report)
+                if not (final / "zoo.json").is_file():
+                    _build_one(name, seed, final, report)
             out[name] = final
-    return out
+    return {n: out[n] for n in names}
 
 
-def _build_one(name: str, final: Path, report: Callable[..., None]) -> None:
+def _build_one(name: str, seed: int | None, final: Path, report: Callable[..., None]) -> None:
     for stale in final.parent.glob(
         f".tmp-{final.name}-*"
     ):  # left by a killed build; we hold the lock
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     try:
-        info = _train_and_save(name, tmp, report)
+        info = _train_and_save(name, seed, tmp, report)
         from harness.store import atomic_write_json
 
         atomic_write_json(tmp / "zoo.json", info)
@@ -254,19 +337,22 @@ def _lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _train_and_save(name: str, out: Path, report: Callable[..., None]) -> dict:
+def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[..., None]) -> dict:
     """Pretrain, evaluate, save a standard model directory into `out`; return zoo.json's content."""
     import torch
     import transformers
     from transformers import GenerationConfig
 
-    recipe = _recipe(name)
+    from harness import precision as prec
+
+    recipe = _recipe(name, seed)
+    precision = prec.choose()
     transformers.utils.logging.disable_progress_bar()
     saved_threads, threads = torch.get_num_threads(), min(THREADS, os.cpu_count() or 1)
     torch.set_num_threads(threads)  # the weights depend on it (reduction order): recorded below
     try:
         start = time.time()
-        model, stats = _pretrain(name, recipe, report)
+        model, stats = _pretrain(name, recipe, report, precision)
         tokenizer = make_tokenizer()
         accuracy = evaluate(model, tokenizer, [g for g, _ in recipe.mixture], recipe.eval_items)
         report(name, accuracy=accuracy)
@@ -281,11 +367,13 @@ def _train_and_save(name: str, out: Path, report: Callable[..., None]) -> dict:
         torch.set_num_threads(saved_threads)
     return {
         "name": name,
-        "model_id": model_id(name),
-        "hash": recipe_hash(name),
+        "model_id": f"sandbox:{name}@{recipe_hash(name, seed)}",
+        "hash": recipe_hash(name, seed),
         "recipe": dataclasses.asdict(recipe),
         **stats,
         "threads": threads,
+        "precision": precision,
+        "precision_choice": prec.describe(),
         "wall_s": round(time.time() - start, 1),
         "accuracy": accuracy,
         "eval": {
@@ -303,8 +391,11 @@ def _train_and_save(name: str, out: Path, report: Callable[..., None]) -> dict:
     }
 
 
-def _pretrain(name: str, recipe: Recipe, report: Callable[..., None]) -> tuple[Any, dict]:
-    """AdamW with warmup and cosine decay to 10%, bf16 autocast, loss on the assistant tokens."""
+def _pretrain(
+    name: str, recipe: Recipe, report: Callable[..., None], precision: str = "fp32"
+) -> tuple[Any, dict]:
+    """AdamW with warmup and cosine decay to 10%, loss on the assistant tokens; bf16 autocast
+    when `precision` is "bf16" (weights and optimizer stay fp32 either way)."""
     import torch
 
     torch.manual_seed(recipe.seed)
@@ -324,8 +415,8 @@ def _pretrain(name: str, recipe: Recipe, report: Callable[..., None]) -> tuple[A
     for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, recipe)
-        # bf16 autocast: 1.5-3x faster than fp32 on these cores; weights and optimizer stay fp32
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # bf16 autocast: ~1.5x faster than fp32 where bf16 is native, ~6x slower where emulated
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -419,27 +510,121 @@ def _progress(enabled: bool) -> Iterator[Callable[..., None]]:
             bar.__exit__()
 
 
-def build_cli(names: list[str] | None, profile: str) -> None:
-    """`cotgap sandbox build [NAMES...] --profile demo|test`: build, then print the zoo's table."""
+def build_cli(
+    names: list[str] | None,
+    profile: str,
+    check: bool = False,
+    ship: bool = False,
+    seed: int | None = None,
+):
+    """`cotgap sandbox build [NAMES...] --profile demo|test [--check] [--ship]`: rebuild from
+    scratch into the cache, print the table; `--check` adds the shipped model's accuracies and
+    the differences, `--ship` (for maintainers) replaces the shipped models with the rebuild."""
     import json
 
     from rich.table import Table
 
     from harness.progress import console
 
-    dirs = build(names or None, progress=True, profile=profile)
-    table = Table(title=f"sandbox zoo ({zoo_dir()})")
-    for col in ("model", "role", "params", "train s", "accuracy", "directory"):
+    if ship and seed is not None:
+        raise UserError("--ship takes the recipes' own seeds; drop --seed.")
+    dirs = build(names or None, progress=True, profile=profile, rebuild=True, seed=seed)
+    table = Table(title=f"sandbox zoo, rebuilt in {zoo_dir()}")
+    cols = ["model", "role", "params", "precision", "train s", "accuracy"]
+    cols += ["shipped accuracy", "difference (points)"] if check else ["directory"]
+    for col in cols:
         table.add_column(col)
     for name, path in dirs.items():
         info = json.loads((path / "zoo.json").read_text())
-        acc = " ".join(f"{g}={a:.0%}" for g, a in info["accuracy"].items())
-        table.add_row(
-            name,
-            info["recipe"]["role"],
-            f"{info['params'] / 1e6:.2f}M",
-            f"{info['train_s']:.0f}",
-            acc,
-            str(path),
-        )
+        acc = info["accuracy"]
+        row = [name, info["recipe"]["role"], f"{info['params'] / 1e6:.2f}M"]
+        row += [info.get("precision", "?"), f"{info['train_s']:.0f}", _scores(acc)]
+        if check:
+            old = _shipped_info(name)
+            if old is None:
+                row += ["(none shipped)", ""]
+            else:
+                diff = {g: round(100 * (acc[g] - old["accuracy"][g])) for g in acc}
+                row += [_scores(old["accuracy"]), " ".join(f"{g}={d:+d}" for g, d in diff.items())]
+        else:
+            row.append(str(path))
+        table.add_row(*row)
     console().print(table)
+    if ship:
+        ship_models(dirs)
+        console().print(f"shipped {len(dirs)} models to {SHIPPED} (SHA256SUMS, MODEL_CARD.md)")
+
+
+def _scores(acc: dict[str, float]) -> str:
+    return " ".join(f"{g}={a:.0%}" for g, a in acc.items())
+
+
+def _shipped_info(name: str) -> dict | None:
+    import json
+
+    info = SHIPPED / name / "zoo.json"
+    return json.loads(info.read_text()) if info.is_file() else None
+
+
+def ship_models(dirs: dict[str, Path]) -> None:
+    """Copy built models into the package, then rewrite SHA256SUMS and MODEL_CARD.md."""
+    from harness.store import atomic_write_text, sha256_file
+
+    for name, src in dirs.items():
+        dst = SHIPPED / name
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        for f in src.iterdir():
+            if f.is_file():
+                shutil.copy2(f, dst / f.name)
+    models = sorted(p.name for p in SHIPPED.iterdir() if (p / "zoo.json").is_file())
+    sums = [
+        f"{sha256_file(f)}  {n}/{f.name}"
+        for n in models
+        for f in sorted((SHIPPED / n).iterdir())
+        if f.is_file()
+    ]
+    atomic_write_text(SHIPPED / SUMS, "\n".join(sums) + "\n")
+    atomic_write_text(SHIPPED / "MODEL_CARD.md", _model_card(models))
+    verify_shipped.cache_clear()
+
+
+def _model_card(models: list[str]) -> str:
+    import json
+
+    rows = []
+    for n in models:
+        info = json.loads((SHIPPED / n / "zoo.json").read_text())
+        r = info["recipe"]
+        arch = f"{r['layers']}L h{r['hidden']} ff{r['intermediate']} heads {r['heads']}"
+        rows.append(
+            f"| {n} | {r['role']} | {r['profile']} | {info['params']:,} | {arch} | {r['steps']} "
+            f"x {r['batch_size']} | {info.get('precision', '?')} | {info['train_s']:.0f} | "
+            f"{_scores(info['accuracy'])} |"
+        )
+    flags = json.loads((SHIPPED / models[0] / "zoo.json").read_text()).get("precision_choice", {})
+    return MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
+
+
+MODEL_CARD = """# The shipped sandbox zoo
+
+Tiny Llama-architecture causal LMs with a character-level tokenizer and a chat template, pretrained
+from scratch by `cotgap sandbox build` (harness/sandbox/zoo.py) on the sandbox tasks' train items
+(harness/sandbox/tasks.py; test questions are kept out by the tasks' split rule). They exist so that
+the demo and the test suite run the real pipeline offline, with the same numbers on every CPU: a
+rebuild depends on the CPU's precision path and kernels, these files do not. License: Apache-2.0,
+as cotgap. No data outside this repository went into them.
+
+How they were built: AdamW (betas 0.9/0.95, weight decay 0.01 on matrices), warmup then cosine
+decay to 10% of the recipe's learning rate, loss on the assistant tokens only, 2 threads; bf16
+autocast where the CPU has native bf16, else fp32 (column "precision"). Build machine: {choice}.
+Accuracy: greedy, on the first 100 test items (seed 1234) of each sandbox task.
+
+| model | role | profile | params | architecture | steps x batch | precision | train s | accuracy |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+Every file is listed with its sha256 in SHA256SUMS and checked when the model is first used.
+Rebuild and compare: `cotgap sandbox build --check` (demo profile) or `--profile test --check`.
+Replace them (maintainers): `cotgap sandbox build --ship`, then commit this folder.
+"""
