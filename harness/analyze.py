@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import models, plan, stats
+from harness import answers, models, plan, stats, tasks
 from harness.config import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
 from harness.store import Store, atomic_write_json, atomic_write_text, read_jsonl
@@ -73,9 +73,10 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
     from harness import report
 
-    board, missing = leaderboard(exp, store)
+    board, missing, rescored = leaderboard(exp, store)
     result = analyse(exp, board)
     result["missing_cells"] = missing
+    result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
     result["eval_config"] = canonical(exp.evaluate)
     out = store.root / "analysis"
@@ -96,6 +97,12 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a swap; removes a half-written one
+    if rescored:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(rescored.items()))
+        log(
+            f"analysis: {sum(rescored.values())} cell(s) scored by an earlier extractor version "
+            f"re-scored from their completions ({counts}); the cells are kept as they are"
+        )
     if missing:
         counts = ", ".join(f"{k}: {v}" for k, v in sorted(missing.items()))
         log(
@@ -134,11 +141,14 @@ class EvalResult:
 
 
 class _Reader:
-    """Complete cells of a store, each read once; the absent ones are remembered for the warning."""
+    """Complete cells of a store, each read once; the absent ones are remembered for the warning,
+    the re-scored ones counted. `data_dir`: where re-scoring finds option texts."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, data_dir: str | None = None):
         self.store = store
+        self.data_dir = data_dir
         self.absent: set[tuple[str, str]] = set()
+        self.rescored: set[tuple[str, str]] = set()
         self._evals: dict[str, EvalResult | None] = {}
 
     def summary(self, kind: str, key: str) -> dict[str, Any]:
@@ -151,17 +161,49 @@ class _Reader:
     def eval(self, key: str) -> EvalResult | None:
         if key not in self._evals:
             if self.store.complete("eval", key):
-                self._evals[key] = _read_eval(self.store.cell_dir("eval", key), key)
+                ev = _read_eval(self.store.cell_dir("eval", key), key, self.data_dir)
+                if ev.metrics.get("rescored"):
+                    self.rescored.add(("eval", key))
+                self._evals[key] = ev
             else:
                 self.absent.add(("eval", key))
                 self._evals[key] = None
         return self._evals[key]
 
+    def traces_yield(self, key: str) -> float:
+        """The teacher's yield; from its traces re-scored when an earlier extractor version
+        scored them (as the dataset stage selects them)."""
+        summary = self.summary("traces", key)
+        if not tasks.rescore_due(summary):
+            return summary.get("yield", NAN)
+        from harness.generate import summarize
 
-def _read_eval(d: Path, key: str) -> EvalResult:
-    path = d / "predictions.jsonl"
+        records = tasks.rescore_cell(self.store.cell_dir("traces", key), self.data_dir)
+        self.rescored.add(("traces", key))
+        n = summary["samples_per_item"]
+        return summarize(records, summary["n_items"], n, 0, 0.0)["yield"]
+
+
+def _read_eval(d: Path, key: str, data_dir: str | None = None) -> EvalResult:
+    """The cell's verdicts; a cell scored by an earlier version of its extractor is re-scored from
+    its stored completions (`tasks.rescore_cell`, as `cotgap score --results` does), in memory, and
+    its metrics' rates with it (`rescored: true`)."""
+    path, metrics_path = d / "predictions.jsonl", d / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    records = read_jsonl(path)
+    if tasks.rescore_due(metrics):
+        from harness.evaluate import rates
+
+        records = tasks.rescore_cell(d, data_dir)
+        metrics = {
+            **metrics,
+            **rates(records, metrics["headline"]),
+            "rescored": True,
+            "stored_extractor_version": metrics["extractor_version"],
+            "extractor_version": answers.get_extractor(metrics["extractor"]).version,
+        }
     correct: dict[Any, bool] = {}
-    for n, rec in enumerate(read_jsonl(path), 1):
+    for n, rec in enumerate(records, 1):
         item, value = rec.get("id"), rec.get("correct")
         if item in correct:
             raise UserError(f"{path}: record {n}: duplicate id {item!r}; delete {d} and re-run.")
@@ -171,8 +213,6 @@ def _read_eval(d: Path, key: str) -> EvalResult:
                 f"delete {d} and re-run."
             )
         correct[item] = bool(value)
-    metrics_path = d / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     return EvalResult(key, correct, metrics)
 
 
@@ -211,9 +251,12 @@ def _index(cells: list[plan.CellSpec]) -> dict[tuple, plan.CellSpec]:
     return idx
 
 
-def leaderboard(exp: Experiment, store: Store) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Rows of every teacher, baseline and distilled cell of the grid, and the missing-cell counts."""
-    idx, reader, rows = _index(plan.expand(exp)), _Reader(store), []
+def leaderboard(
+    exp: Experiment, store: Store
+) -> tuple[pd.DataFrame, dict[str, int], dict[str, int]]:
+    """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts, and
+    the counts of cells re-scored with the current extractor (by kind: eval, traces)."""
+    idx, reader, rows = _index(plan.expand(exp)), _Reader(store, exp.data_dir), []
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     for task in (t.name for t in exp.tasks):
         teachers = {
@@ -238,7 +281,8 @@ def leaderboard(exp: Experiment, store: Store) -> tuple[pd.DataFrame, dict[str, 
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     dist = board["row_type"] == "distilled"
     board.loc[dist, "p_holm"] = stats.holm(board.loc[dist, "mcnemar_p"].to_numpy(dtype=float))
-    return board, dict(Counter(kind for kind, _ in reader.absent))
+    rescored = Counter(kind for kind, _ in reader.rescored)
+    return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored)
 
 
 def _teacher_row(reader: _Reader, ev_cell: plan.CellSpec, traces: plan.CellSpec) -> dict:
@@ -248,7 +292,7 @@ def _teacher_row(reader: _Reader, ev_cell: plan.CellSpec, traces: plan.CellSpec)
         "task": ev_cell.meta["task"],
         "teacher": ev_cell.meta["model"],
         "teacher_acc": ev.accuracy if ev else NAN,
-        "teacher_train_acc": reader.summary("traces", traces.key).get("yield", NAN),
+        "teacher_train_acc": reader.traces_yield(traces.key),
         "n_test": len(ev.correct) if ev else None,
         **_rates(ev),
         "eval_key": ev_cell.key,

@@ -10,7 +10,8 @@ Each extractor reads a completion twice. `strict` accepts only an explicit answe
 ("The answer is X", "Answer: X", "#### X", or a \\boxed{X}), the last one in the text whose value
 parses; `flexible` takes the last candidate of the answer's type anywhere in the text. A failed
 parse is None, never a guess. Extractors never raise and run in linear time on any input.
-Bump an extractor's `version` whenever its output can change: cell keys hash EXTRACTOR_VERSIONS.
+Bump an extractor's `version` whenever its output can change: traces and eval cells scored by an
+earlier version are re-scored from their completions where they are read (never regenerated).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import engines, tasks
+from harness import answers, engines, tasks
 from harness.config import Experiment
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.store import Store, atomic_write_bytes
@@ -124,6 +124,10 @@ def _generate_cell(
         tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])
         summary = summarize(records, n_items=len(items), n=n, tokens=tokens, gen_s=gen_s)
         summary.update(
+            # the extractor that scored the records: the dataset stage re-scores them when the
+            # extractor's version has changed since (its key leaves the version out)
+            extractor=extractor,
+            extractor_version=answers.get_extractor(extractor).version,
             engine={"name": engine.name, "version": engine.version()},
             sampling=sampling.as_dict(),
             resumed_items=len(done),
@@ -157,7 +161,7 @@ def _generate_chunk(
         pending["tokens"] += sum(s.completion_tokens for s in samples)
         while next_i in finished:
             for k, s in enumerate(finished.pop(next_i)):
-                write(_record(task, todo[next_i], prompts[next_i], k, s, extractor))
+                write(trace_record(task, todo[next_i], prompts[next_i], k, s, extractor))
             next_i += 1
         if time.perf_counter() - last_emit > EMIT_EVERY_S:
             engines.emit(dict(pending))
@@ -167,9 +171,10 @@ def _generate_chunk(
     return time.perf_counter() - t0
 
 
-def _record(
+def trace_record(
     task: tasks.TaskSpec, item: tasks.Item, prompt: str, k: int, s: Sample, extractor: str
 ) -> dict[str, Any]:
+    """The traces.jsonl record of one sample: prompt, completion, token counts and scores."""
     scored = tasks.score(
         task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices")
     )

@@ -56,13 +56,15 @@ def _task_identity(exp: Experiment, name: str, split: str) -> dict[str, Any]:
     spec = tasks.load_task(name)
     limit = ref.train_limit if split == "train" else ref.test_limit
     extractor = exp.evaluate.extractor or spec.extractor
+    # The extractor's name (it picks the answer type), not its version: traces and eval cells keep
+    # their completions when extraction changes and are re-scored where they are read (analyze,
+    # the dataset stage), so a version bump regenerates nothing.
     return {
         "name": name,
         "version": spec.version,
         "split": split,
         "limit": limit,
         "extractor": extractor,
-        "extractor_version": answers.EXTRACTORS[extractor].version,
     }
 
 
@@ -138,14 +140,17 @@ def _distilled_cells(
     up = (
         (traces[teacher].key,) if regime == "per_teacher" else tuple(c.key for c in traces.values())
     )
+    ident = task_identity(exp, task, "train")
     dconfig = {
         "student": ids[student],
-        "task": task_identity(exp, task, "train"),
+        "task": ident,
         "regime": regime,
         "teacher": traces[teacher].key,
         "teachers": sorted(up),
         "max_length": tr.max_length,
         "matched_by": tr.matched_by if regime == "matched" else None,
+        # the dataset selects by the current extractor's verdicts, so a version bump rebuilds it
+        "extractor_version": answers.EXTRACTORS[ident["extractor"]].version,
     }
     meta = {"student": student, "teacher": teacher, "regime": regime}
     dkey = cell_key("dataset", dconfig, up, {})

@@ -999,17 +999,64 @@ def score_file(
     }
 
 
+def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
+    import yaml
+
+    config = yaml.safe_load((cell / "config.yaml").read_text(encoding="utf-8"))
+    return config, load_task(config["task"]["name"]), config["task"]["extractor"]
+
+
+def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """The records of one complete eval or traces cell, re-scored with the current extractor from
+    their stored completions, without an engine; the cell is not modified. Each record is what the
+    stage that made the cell writes (`evaluate.record`, `generate.trace_record`) with the stored
+    token counts. Option texts (for answers given as text) come from the data dir when one is given."""
+    from harness.engines.base import Sample
+    from harness.evaluate import PREDICTIONS, record
+    from harness.generate import TRACES, trace_record
+
+    cell = Path(cell)
+    config, spec, extractor = _cell_config(cell)
+    ident, traces = config["task"], "evaluate" not in config
+    choices: dict[str, Any] = {}
+    if data_dir_or_env(data_dir) is not None:
+        items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
+        choices = {it.id: it.meta.get("choices") for it in items}
+    path = cell / (TRACES if traces else PREDICTIONS)
+    new = []
+    for rec in (json.loads(line) for line in path.read_text("utf-8").splitlines() if line):
+        item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
+        if traces:
+            sample = Sample(rec["completion"], (), 0, rec["finish_reason"])
+            scored = trace_record(spec, item, rec["prompt"], rec["sample"], sample, extractor)
+        else:
+            texts = rec["completions"] if "completions" in rec else [rec["completion"]]
+            finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
+            samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
+            scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
+        keep = ("prompt_tokens", "completion_tokens")
+        new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
+    return new
+
+
+def rescore_due(recorded: dict[str, Any]) -> bool:
+    """Whether a cell's stored verdicts come from another version of its extractor than today's
+    (`recorded`: its metrics.json or manifest summary); then `rescore_cell` gives today's. A cell
+    that records no extractor version (made by hand) is taken as it is."""
+    version, name = recorded.get("extractor_version"), recorded.get("extractor")
+    return (
+        version is not None and name is not None and answers.get_extractor(name).version != version
+    )
+
+
 def rescore_results(
     root: str | Path, data_dir: str | Path | None = None, out_dir: str | Path | None = None
 ) -> list[dict[str, Any]]:
     """Re-score every complete eval cell of a results directory with the current extractors,
-    from its stored completions, without an engine. Cells are left as they are: the re-scored
-    records go to <out_dir>/<key>.jsonl (default <root>/rescored/); returns one summary per cell.
-    Option texts (for answers given as text) come from the data dir when one is given."""
-    import yaml
-
-    from harness.engines.base import Sample
-    from harness.evaluate import METRICS, PREDICTIONS, rates, record
+    from its stored completions, without an engine (`rescore_cell`). Cells are left as they are:
+    the re-scored records go to <out_dir>/<key>.jsonl (default <root>/rescored/); returns one
+    summary per cell."""
+    from harness.evaluate import METRICS, PREDICTIONS, rates
 
     root = Path(root)
     cells = sorted(p.parent for p in (root / "cells" / "eval").glob("*/manifest.json"))
@@ -1020,27 +1067,13 @@ def rescore_results(
     out_root = Path(out_dir) if out_dir else root / "rescored"
     summaries = []
     for cell in cells:
-        config = yaml.safe_load((cell / "config.yaml").read_text(encoding="utf-8"))
-        ident, decoding = config["task"], config["evaluate"]["decoding"]
-        spec, extractor = load_task(ident["name"]), ident["extractor"]
-        choices: dict[str, Any] = {}
-        if data_dir_or_env(data_dir) is not None:
-            items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
-            choices = {it.id: it.meta.get("choices") for it in items}
+        _, spec, extractor = _cell_config(cell)
         old = [
             json.loads(line)
             for line in (cell / PREDICTIONS).read_text("utf-8").splitlines()
             if line
         ]
-        new = []
-        for rec in old:
-            texts = rec["completions"] if "completions" in rec else [rec["completion"]]
-            finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
-            samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
-            item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
-            scored = record(spec, item, samples, extractor, decoding)
-            keep = ("prompt_tokens", "completion_tokens")
-            new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
+        new = rescore_cell(cell, data_dir)
         _write_atomic(
             out_root / f"{cell.name}.jsonl", (json.dumps(r, ensure_ascii=False) for r in new)
         )

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import models
+from harness import models, tasks
 from harness.config import Experiment, TrainConfig
 from harness.errors import UserError
 from harness.store import (
@@ -91,16 +91,21 @@ def encode(tok: Any, prompt: str, completion: str, chat_template: bool) -> tuple
     return [*prompt_ids, *completion_ids, tok.eos_token_id], len(prompt_ids)
 
 
-def _traces(store: Store, cell: Any) -> dict[str, list[dict]]:
+def _traces(exp: Experiment, store: Store, cell: Any) -> tuple[dict[str, list[dict]], int]:
     """Usable traces of every teacher a dataset cell draws on, by trace cell key (plan.expand puts
-    the chosen teacher's key in config["teacher"] and every key it reads in `upstream`)."""
-    out = {}
+    the chosen teacher's key in config["teacher"] and every key it reads in `upstream`), and how
+    many traces cells were re-scored: one scored by an earlier extractor version is re-scored
+    from its completions, so the selection follows the current extractor's verdicts."""
+    out, rescored = {}, 0
     for key in cell.upstream:
+        d = store.cell_dir("traces", key)
         if not store.complete("traces", key):
-            d = store.cell_dir("traces", key)
             raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
-        out[key] = _usable(read_jsonl(store.cell_dir("traces", key) / "traces.jsonl"))
-    return out
+        if tasks.rescore_due(store.manifest("traces", key).get("summary") or {}):
+            out[key], rescored = _usable(tasks.rescore_cell(d, exp.data_dir)), rescored + 1
+        else:
+            out[key] = _usable(read_jsonl(d / "traces.jsonl"))
+    return out, rescored
 
 
 def _usable(records: list[dict]) -> list[dict]:
@@ -143,7 +148,7 @@ def build_dataset(exp: Experiment, store: Store, cell: Any) -> dict:
     cfg, teacher = cell.config, cell.config["teacher"]
     student = exp.model(cell.meta["student"])
     tok = load_tokenizer(models.resolve(student), student.chat_template, student.trust_remote_code)
-    usable = _traces(store, cell)
+    usable, rescored = _traces(exp, store, cell)
     if cfg["regime"] == "intersection":  # solved: a correct trace, whether or not it fits
         solved = set.intersection(*({r["id"] for r in rs} for rs in usable.values()))
         usable = {teacher: [r for r in usable[teacher] if r["id"] in solved]}
@@ -164,6 +169,7 @@ def build_dataset(exp: Experiment, store: Store, cell: Any) -> dict:
         "completion_tokens": completion_tokens,
         "mean_trace_tokens": completion_tokens / len(examples) if examples else 0.0,
         "n_questions": len({e["id"] for e in examples}),
+        "rescored_traces_cells": rescored,
     }
     with store.open_cell("dataset", cell.key, cell.config, cell.upstream) as out:
         out.write_text("examples.jsonl", "".join(json.dumps(e) + "\n" for e in examples))

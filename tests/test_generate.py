@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_engines import engine_for, tiny_model_dir
 
-from harness import engines, generate, plan, tasks
+from harness import answers, engines, generate, plan, tasks
 from harness.config import Experiment
 from harness.store import Store, read_jsonl
 
@@ -114,6 +114,10 @@ def test_traces_records_and_manifest(reference):
             sum(r["completion_tokens"] for r in records) / len(records)
         )
         assert s["tokens_per_s"] > 0 and s["resumed_items"] == 0
+        # the extractor that scored the records (the key names it but not its version)
+        extractor = cell.config["task"]["extractor"]
+        assert s["extractor"] == extractor and "extractor_version" not in cell.config["task"]
+        assert s["extractor_version"] == answers.EXTRACTORS[extractor].version
         assert manifest["outputs"][generate.TRACES]
     log = reference.root / "logs" / f"generate-{TEACHER}.log"
     assert log.read_text().count("Initializing a V1 LLM engine") == 1  # one engine for both tasks
