@@ -404,6 +404,18 @@ def sandbox_build(
     zoo.build_cli(names or None, profile)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    # one interruption is enough: a second signal must not cut short the clean-up of the first
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def _usage_error() -> type[Exception]:
+    """click's ClickException as typer raises it (typer vendors click as typer._click)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
