@@ -165,6 +165,7 @@ def _evaluate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         c.write_text(EVAL_CONFIG, eval_config_json(cell.config["evaluate"]))
+        tasks.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(PREDICTIONS)
         records = _resumable(out.records, items, c.dir)
         engines.emit({"skipped": len(records) * ev.n})

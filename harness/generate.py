@@ -108,6 +108,7 @@ def _generate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         drop_unfinished_items(c.dir / TRACES, n)
+        tasks.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
         engines.emit({"skipped": len(records)})

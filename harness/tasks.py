@@ -1039,6 +1039,23 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
     return new
 
 
+def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
+    """Re-score, in place, the records a killed run left in a cell being computed (before the
+    run resumes; a cut last line is removed): the extractor may have changed in between, and the
+    key leaves its version out, so old verdicts must not end up beside new ones. With the same
+    extractor the file keeps its bytes."""
+    from harness.evaluate import PREDICTIONS
+    from harness.generate import TRACES
+    from harness.store import atomic_write_bytes, read_jsonl
+
+    path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
+    if not read_jsonl(path, repair=True):
+        return
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rescore_cell(cell, data_dir))
+    if data.encode("utf-8") != path.read_bytes():
+        atomic_write_bytes(path, data.encode("utf-8"))
+
+
 def rescore_due(recorded: dict[str, Any]) -> bool:
     """Whether a cell's stored verdicts come from another version of its extractor than today's
     (`recorded`: its metrics.json or manifest summary); then `rescore_cell` gives today's. A cell

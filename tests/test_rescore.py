@@ -218,3 +218,34 @@ def test_the_dataset_selects_by_the_current_extractor(grid, monkeypatch) -> None
     assert [index[r["id"]] for r in traces if r["correct"]] == [
         i for i in range(TRAIN_LIMIT) for _ in range(N) if kind_of(i, "t-small") in {2, 3}
     ]
+
+
+def test_a_resumed_cell_is_rescored_before_it_goes_on(tmp_path, monkeypatch) -> None:
+    """What a killed run left of a traces or eval cell (no manifest; here with a cut last line) is
+    re-scored in place when the run resumes, so no cell mixes two extractor versions; with the
+    same extractor its bytes stay."""
+    zoo.build(profile="test", progress=False)
+    exp = Experiment.model_validate(
+        sandbox_grid("partial", tmp_path, train_limit=TRAIN_LIMIT, test_limit=TEST_LIMIT)
+    )
+    store = Store(exp.root)
+    partial = [c for c in plan.unique(plan.expand(exp)) if c.meta.get("model") == "t-small"]
+    partial = [c for c in partial if c.kind == "traces" or c.kind == "eval" and not c.upstream]
+    for c in partial:
+        (write_traces if c.kind == "traces" else write_eval)(exp, store, c)
+        d = store.cell_dir(c.kind, c.key)
+        (d / "manifest.json").unlink()
+        path = d / (generate.TRACES if c.kind == "traces" else evaluate.PREDICTIONS)
+        path.write_bytes(path.read_bytes() + b'{"id": "cut')
+        whole = path.read_bytes().rsplit(b"\n", 1)[0] + b"\n"
+        tasks.rescore_partial(d)
+        assert path.read_bytes() == whole and not store.complete(c.kind, c.key)
+        old = read_jsonl(path)
+        with monkeypatch.context() as m:
+            bump(m)
+            tasks.rescore_partial(d)
+        new = read_jsonl(path)
+        assert [r["id"] for r in new] == [r["id"] for r in old]
+        flipped = [r["strict"] is not None for r in old]
+        assert [a["correct"] != b["correct"] for a, b in zip(old, new, strict=True)] == flipped
+        assert [r["completion_tokens"] for r in new] == [r["completion_tokens"] for r in old]
