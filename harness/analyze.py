@@ -52,6 +52,7 @@ COLUMNS: dict[str, str] = {
     "mean_trace_tokens": "mean tokens of a training trace",
     "format_fail_rate": "share of the row's test completions with no extractable answer, in [0, 1]",
     "truncation_rate": "share of the row's test completions cut at max_tokens, in [0, 1]",
+    "engine": "engine that wrote the row's test completions: vllm | hf",
     "student_size": "student parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "eval_key": "eval cell the row scores",
@@ -319,10 +320,11 @@ def _baseline_row(reader: _Reader, cell: plan.CellSpec) -> dict:
     }
 
 
-def _rates(ev: EvalResult | None) -> dict[str, float]:
+def _rates(ev: EvalResult | None) -> dict[str, Any]:
     return {
         "format_fail_rate": ev.rate("format_failure_rate") if ev else NAN,
         "truncation_rate": ev.rate("truncation_rate") if ev else NAN,
+        "engine": (ev.metrics.get("engine") or {}).get("name") if ev else None,
     }
 
 

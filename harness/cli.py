@@ -192,6 +192,7 @@ def run(
     from harness.store import Store
 
     exp = _load(config)
+    _say_engine(exp)
     if only not in (None, "traces", "train", "eval"):
         raise UserError(f"--only: {only!r} is not a stage; use traces, train or eval.")
     store = Store(exp.root)
@@ -208,9 +209,17 @@ def run(
             _print_summary(out / "leaderboard.csv")
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
+            _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
     )
+
+
+def _say_engine(exp) -> None:
+    from harness.config import vllm_installed
+
+    if "hf" in (exp.generate.engine, exp.evaluate.engine) and not vllm_installed():
+        _log("vLLM is not installed here: traces and evaluations run on the transformers engine.")
 
 
 def _print_summary(leaderboard: Path) -> None:
@@ -397,11 +406,38 @@ def sandbox_build(
         list[str] | None, typer.Argument(help="zoo models (default: all of the profile)")
     ] = None,
     profile: Annotated[str, typer.Option(help="demo or test")] = "demo",
+    check: Annotated[
+        bool, typer.Option("--check", help="compare the rebuild's accuracies with the shipped zoo")
+    ] = False,
+    ship: Annotated[
+        bool, typer.Option("--ship", help="maintainers: replace the shipped models with the rebuild")
+    ] = False,
+    seed: Annotated[
+        int | None, typer.Option(help="replace every recipe's seed (a robustness check)")
+    ] = None,
 ) -> None:
-    """Pretrain the tiny model zoo from scratch on CPU (cached by recipe hash)."""
+    """Rebuild the tiny model zoo from scratch on CPU into the cache (the demo uses the shipped one).
+
+    The precision follows the CPU (bf16 where native, else fp32); COTGAP_PRECISION=fp32 forces it."""
     from harness.sandbox import zoo
 
-    zoo.build_cli(names or None, profile)
+    zoo.build_cli(names or None, profile, check=check, ship=ship, seed=seed)
+
+
+@sandbox_app.command("verify")
+def sandbox_verify() -> None:
+    """Check every shipped zoo file against its sha256."""
+    import time
+
+    from harness.sandbox import zoo
+
+    start = time.perf_counter()
+    names = [n for n in zoo.ZOO if zoo.shipped(n)]
+    for name in names:
+        zoo.verify_shipped(name)
+    stale = sorted(set(zoo.ZOO) - set(names))
+    msg = f"shipped zoo: {len(names)} models verified (sha256) in {time.perf_counter() - start:.2f} s"
+    _console().print(msg + (f"; not shipped for today's recipe: {', '.join(stale)}" if stale else ""))
 
 
 def _interrupt(signum: int, frame: object) -> None:

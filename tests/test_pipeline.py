@@ -83,6 +83,7 @@ def test_grid_runs_end_to_end_with_every_row(first_run):
     assert {(r["teacher"], r["regime"]) for r in distilled} == {
         (t, g) for t in ("t-small", "t-large") for g in ("per_teacher", "intersection")
     }
+    assert {r["engine"] for r in rows} == {"vllm"}  # every row names the engine that wrote it
     base = [r for r in rows if r["row_type"] == "baseline"][0]
     for r in distilled:
         assert r["base_acc"] == base["base_acc"]  # one shared baseline
