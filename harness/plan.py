@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -241,22 +242,38 @@ def execute(
     skipped: set[str] = set()
     done = 0
     # Stage order; within a stage, cells of one model share an engine session.
-    for kind in ("traces", "eval_pre", "dataset", "adapter", "eval"):
+    for i, (kind, title) in enumerate(_STAGES.items(), 1):
         real_kind = "eval" if kind == "eval_pre" else kind
         batch = [c for c in _batch(work, kind) if not skip(store, c, skipped, log)]
+        if not batch:
+            continue
+        began = time.perf_counter()
+        log(f"stage {i}/{len(_STAGES)} {title}: {len(batch)} cell(s)")
         for group in _group(batch):
             log(f"[{done}/{len(work)} cells done] {group_label(real_kind, group)}")
             run_group(exp, store, real_kind, group)
             counts[real_kind] += len(group)
             done += len(group)
+        took = time.perf_counter() - began
+        log(f"stage {i}/{len(_STAGES)} {title}: {len(batch)} cell(s) done in {took:.1f} s")
     return counts
+
+
+_STAGES = {  # the local executor's order; eval_pre = evals that need no adapter
+    "traces": "teacher traces",
+    "eval_pre": "teacher and baseline evals",
+    "dataset": "training sets",
+    "adapter": "LoRA adapters",
+    "eval": "distilled evals",
+}
 
 
 def group_label(kind: str, group: list[CellSpec]) -> str:
     """`traces:teacher/t/task` for one cell, `eval: 12 cells of student-s` for a group."""
     if len(group) == 1:
         return group[0].label
-    return f"{kind}: {len(group)} cells of {group[0].meta.get('model')}"
+    models = sorted({str(c.meta.get("model") or c.meta.get("student")) for c in group})
+    return f"{kind}: {len(group)} cells of {', '.join(models)}"
 
 
 def skip(store: Store, cell: CellSpec, skipped: set[str], log: Callable[[str], None]) -> bool:
@@ -312,12 +329,14 @@ def _batch(todo: list[CellSpec], kind: str) -> list[CellSpec]:
 
 def _group(batch: list[CellSpec], share_workers: bool = True) -> list[list[CellSpec]]:
     """Traces and eval cells of one model share an engine session; with `share_workers` (local
-    runs), adapters of one student share a training worker process (`train.run_many`). On Ray each
+    runs), every adapter shares one training worker process (`train.run_many`). On Ray each
     adapter is a task of its own, so that adapters train in parallel."""
     groups: dict[str, list[CellSpec]] = {}
     for c in batch:
-        shared = c.kind in ("traces", "eval") or (c.kind == "adapter" and share_workers)
-        key = c.meta.get("model") if shared else c.key
+        if c.kind == "adapter":  # one worker for every student: torch & co. start once
+            key = "all" if share_workers else c.key
+        else:
+            key = c.meta.get("model") if c.kind in ("traces", "eval") else c.key
         groups.setdefault(f"{c.kind}:{key}", []).append(c)
     return list(groups.values())
 
