@@ -410,7 +410,8 @@ def sandbox_build(
         bool, typer.Option("--check", help="compare the rebuild's accuracies with the shipped zoo")
     ] = False,
     ship: Annotated[
-        bool, typer.Option("--ship", help="maintainers: replace the shipped models with the rebuild")
+        bool,
+        typer.Option("--ship", help="maintainers: replace the shipped models with the rebuild"),
     ] = False,
     seed: Annotated[
         int | None, typer.Option(help="replace every recipe's seed (a robustness check)")
@@ -436,8 +437,12 @@ def sandbox_verify() -> None:
     for name in names:
         zoo.verify_shipped(name)
     stale = sorted(set(zoo.ZOO) - set(names))
-    msg = f"shipped zoo: {len(names)} models verified (sha256) in {time.perf_counter() - start:.2f} s"
-    _console().print(msg + (f"; not shipped for today's recipe: {', '.join(stale)}" if stale else ""))
+    msg = (
+        f"shipped zoo: {len(names)} models verified (sha256) in {time.perf_counter() - start:.2f} s"
+    )
+    _console().print(
+        msg + (f"; not shipped for today's recipe: {', '.join(stale)}" if stale else "")
+    )
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -195,7 +195,9 @@ def test_a_shipped_file_that_changed_is_refused_with_the_way_back(tmp_path, monk
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     zoo.verify_shipped.cache_clear()
-    with pytest.raises(UserError, match=r"model\.safetensors does not match its sha256.*git checkout"):
+    with pytest.raises(
+        UserError, match=r"model\.safetensors does not match its sha256.*git checkout"
+    ):
         zoo.verify_shipped(name)
     zoo.verify_shipped.cache_clear()
 
