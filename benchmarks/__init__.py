@@ -24,6 +24,19 @@ def offline_env() -> None:
         os.environ.setdefault(k, v)
 
 
+def resolve_model(name: str) -> tuple[str, str]:
+    """(cotgap model path, model directory) for a sandbox zoo model name (built if missing) or a
+    model directory."""
+    from harness.sandbox import zoo
+
+    if name in zoo.ZOO:
+        return f"sandbox:{name}", str(zoo.build([name], progress=False)[name])
+    d = Path(name).expanduser().resolve()
+    if not (d / "config.json").is_file():
+        raise SystemExit(f"--model {name}: neither a sandbox zoo model nor a model directory")
+    return str(d), str(d)
+
+
 def add_run_options(p: argparse.ArgumentParser, repeats: int, repeats_help: str, out: str) -> None:
     """--repeats, --cores and --out, shared by the engine benchmarks."""
     p.add_argument("--repeats", type=int, default=repeats, help=repeats_help)

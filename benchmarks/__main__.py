@@ -1,21 +1,21 @@
-"""Every benchmark in one run: a table of ratios, and all results as JSON.
+"""Every benchmark in one run: a table of ratios, all results as JSON, a plot of time against size.
 
     .venv/bin/python -m benchmarks                       # or: make bench
     .venv/bin/python -m benchmarks --only evaluate,grid
-    .venv/bin/python -m benchmarks --generate-args "--items 256 --repeats 5" --train-args "--steps 20"
+    .venv/bin/python -m benchmarks --generate-args "--sizes 64,1024 --repeats 5" --train-args "--steps 20"
 
-1. generate  cotgap's traces stage vs a bare `vllm.LLM.generate`; vLLM vs the transformers engine
-             (benchmarks/generate.py);
+1. generate  cotgap's traces stage vs a bare `vllm.LLM.generate` at 64, 512 and 4,096 questions;
+             vLLM vs the transformers engine (benchmarks/generate.py);
 2. train     cotgap's training loop vs a bare peft + accelerate loop (benchmarks/train.py);
-3. evaluate  cotgap's evaluate stage vs lm-evaluation-harness, same model, items and decoding
-             (benchmarks/evaluate_lm_eval.py);
+3. evaluate  cotgap's evaluate stage vs bare vLLM and vs lm-evaluation-harness at 64, 512 and
+             4,096 items, same model, items and decoding (benchmarks/evaluate_lm_eval.py);
 4. grid      a sandbox grid through `cotgap run`, then the same command again (benchmarks/grid.py).
 
-The defaults are small (a few minutes on a 2-core machine); `--<name>-args` appends flags to a
-benchmark's defaults (a later flag wins), to scale it up. A benchmark that fails is recorded with
-its error in the JSON and printed; the others still run. Each writes its own JSON next to
-`bench.json` (default results/bench/). In the table, ratio > 1 means cotgap's side is better
-(faster, or more tokens/s) and the row names what is compared.
+`--<name>-args` appends flags to a benchmark's defaults (a later flag wins). A benchmark that
+fails is recorded with its error in the JSON and printed; the others still run. Each writes its
+own JSON next to `bench.json` (default results/bench/), and `growth.png` there plots time against
+size for generate and evaluate (benchmarks/growth.py). In the table, ratio > 1 means cotgap's side
+is better (faster, or more tokens/s) and the row names what is compared.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import offline_env
+from benchmarks.growth import DEFAULT_SIZES, growth_title, panels, plot
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("generate", "train", "evaluate", "grid")
 DEFAULTS = {
-    "generate": ["--items", "64", "--n", "2", "--max-tokens", "64", "--repeats", "3"],
+    "generate": ["--sizes", DEFAULT_SIZES, "--n", "2", "--max-tokens", "64", "--repeats", "3"],
     "train": ["--steps", "10", "--repeats", "2", "--examples", "128"],
-    "evaluate": ["--items", "64", "--max-tokens", "160"],
+    "evaluate": ["--sizes", DEFAULT_SIZES, "--max-tokens", "160", "--repeats", "3"],
     "grid": [],
 }
 
@@ -118,20 +119,40 @@ def _rows(name: str, r: dict) -> list[Row]:
     """Speed ratios compare each side's best run (the least disturbed on a shared machine);
     the benchmark's own median ratio goes along as `ratio_median`."""
     if name == "generate":
-        runs, tokens, e = r["runs_s"], r["completion_tokens"], r["engines"]
-        got = [
-            _row(
-                f"generate: traces stage vs bare vLLM, tok/s (best of {len(runs['bare'])})",
-                _f(tokens / min(runs["stage"]), 0),
-                _f(tokens / min(runs["bare"]), 0),
-                _f(r["stage_over_bare_best"]),
-                ratio_median=r["stage_over_bare"],
+        reps, got = r["workload"]["repeats"], []
+        for size, x in r["by_size"].items():
+            got.append(
+                _row(
+                    f"generate: traces stage vs bare vLLM, tok/s, {size} items (best of {reps})",
+                    _f(x["stage"]["tokens_per_s"], 0),
+                    _f(x["bare_vllm"]["tokens_per_s"], 0),
+                    _f(x["stage_over_bare_best"], 3),
+                    ratio_median=x["stage_over_bare"],
+                )
             )
-        ]
+        f, largest = r["fit"], str(r["largest"])
+        got.append(
+            _row(
+                "generate: fixed s + per item ms (fit of best times over the sizes)",
+                f"{f['stage']['fixed_s']} + {f['stage']['per_item_ms']}",
+                f"{f['bare_vllm']['fixed_s']} + {f['bare_vllm']['per_item_ms']}",
+                "-",
+            )
+        )
+        got.append(
+            _row(
+                "generate: stage minus bare, s, smallest | largest size",
+                f"{r['by_size'][str(r['workload']['sizes'][0])]['stage_overhead_s']} | "
+                f"{r['by_size'][largest]['stage_overhead_s']}",
+                "-",
+                "-",
+            )
+        )
+        e = r["engines"]
         if "hf" in e:
             got.append(
                 _row(
-                    "engines: vLLM vs transformers, greedy tok/s (one run)",
+                    f"engines: vLLM vs transformers, greedy tok/s, {e['prompts']} items (one run)",
                     _f(e["vllm"]["tokens_per_s"], 0),
                     _f(e["hf"]["tokens_per_s"], 0),
                     _f(r["vllm_over_hf"]),
@@ -150,28 +171,7 @@ def _rows(name: str, r: dict) -> list[Row]:
             )
         ]
     if name == "evaluate":
-        cg, le, c = r["cotgap"], r["lm_eval"], r["comparison"]
-        return [
-            _row(
-                f"evaluate: cotgap vs lm-eval, wall s, {c['items']} items (best of {len(cg['runs'])})",
-                _f(cg["best_wall_s"]),
-                _f(le["best_wall_s"]),
-                _f(r["cotgap_over_lm_eval_speed_best"]),
-                ratio_median=r["cotgap_over_lm_eval_speed"],
-            ),
-            _row(
-                "evaluate: accuracy (ratio: items with the same verdict)",
-                _f(cg["accuracy"], 3),
-                _f(le["accuracy"], 3),
-                _f(c["agreement"], 3),
-            ),
-            _row(
-                "evaluate: identical completions | same answer value",
-                f"{c['same_completion']:.1%}",
-                f"{c['same_answer_value']:.1%}",
-                "-",
-            ),
-        ]
+        return _evaluate_rows(r)
     f, a = r["first_run"], r["rerun"]
     return [
         _row(
@@ -187,6 +187,75 @@ def _rows(name: str, r: dict) -> list[Row]:
             "-",
         ),
     ]
+
+
+def _evaluate_rows(r: dict) -> list[Row]:
+    reps, got = r["workload"]["repeats"], []
+    names = {"vllm": "bare vLLM", "lm_eval": "lm-eval"}
+    for size, x in r["by_size"].items():
+        cg = x["cotgap"]
+        for side in ("vllm", "lm_eval"):
+            if side not in x:
+                continue
+            ref, ratio = x[side], x["ratios"][f"cotgap_over_{side}"]
+            got.append(
+                _row(
+                    f"evaluate vs {names[side]}: evaluation tok/s, {size} items (best of {reps})",
+                    _f(cg["eval_tokens_per_s"], 0),
+                    _f(ref["eval_tokens_per_s"], 0) if ref["eval_tokens_per_s"] else "-",
+                    _f(ratio["eval"], 3),
+                    ratio_median=ratio["eval_median"],
+                )
+            )
+            got.append(
+                _row(
+                    f"evaluate vs {names[side]}: wall s, fresh process, {size} items",
+                    _f(cg["wall_s"]),
+                    _f(ref["wall_s"]),
+                    _f(ratio["wall"], 3),
+                    ratio_median=ratio["wall_median"],
+                )
+            )
+    for side, f in r["fit"].items():
+        if side != "cotgap":
+            cg = r["fit"]["cotgap"]
+            got.append(
+                _row(
+                    f"evaluate vs {names[side]}: fixed s + per item ms (fit of wall times)",
+                    f"{cg['fixed_s']} + {cg['per_item_ms']}",
+                    f"{f['fixed_s']} + {f['per_item_ms']}",
+                    "-",
+                )
+            )
+    x = r["by_size"][str(r["largest"])]
+    c = x["comparison"]
+    got += [
+        _row(
+            f"evaluate: accuracy vs lm-eval, {r['largest']} items (ratio: same verdict)",
+            _f(x["cotgap"]["accuracy"], 3),
+            _f(x["lm_eval"]["accuracy"], 3),
+            _f(c["agreement"], 3),
+        ),
+        _row(
+            "evaluate: identical completions | same answer value (vs lm-eval)",
+            f"{c['same_completion']:.1%}",
+            f"{c['same_answer_value']:.1%}",
+            "-",
+        ),
+    ]
+    return got
+
+
+def cpu_model() -> tuple[str | None, bool | None]:
+    """(model name, whether the flags include avx512_bf16) from /proc/cpuinfo (Linux)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None, None
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in info.splitlines())
+    )
+    return fields.get("model name"), "avx512_bf16" in fields.get("flags", "").split()
 
 
 def print_table(table_rows: list[Row], total_s: float) -> None:
@@ -247,6 +316,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[name] = run_one(name, [*DEFAULTS[name], *out, *extra])
     total = time.perf_counter() - t0
     table_rows = rows(results)
+    model, bf16 = cpu_model()
     summary = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "total_wall_s": round(total, 1),
@@ -258,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             else None,
             "load_average_start": [round(x, 2) for x in load_start],
             "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu_model": model,
+            "avx512_bf16": bf16,
             "python": platform.python_version(),
         },
         "table": table_rows,
@@ -271,6 +343,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = out_dir / "bench.json"
     path.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"wrote {path}")
+    if growth := panels(results):
+        print(f"wrote {plot(growth, out_dir / 'growth.png', growth_title(summary))}")
     return summary
 
 

