@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None) -> dict:
         "lr": 1e-3,
         "max_length": 1024,
         "group_by_length": False,
+        "precision": "fp32",  # the textbook loop below runs fp32: compare like with like
         "lora": {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": TARGETS},
     }
     with tempfile.TemporaryDirectory() as tmp:
