@@ -353,6 +353,11 @@ def score(
     if task is None or predictions is None:
         raise UserError("give --task and --predictions, or --results DIR.")
     summary = tasks.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
+    if summary.get("missing"):
+        _log(
+            f"{summary['missing']} of {summary['n']} items have no prediction "
+            "(scored incorrect; their ids are in missing_ids)"
+        )
     if explain:
         for line in tasks.explain_file(summary["out"]):
             typer.echo(line)

@@ -914,6 +914,11 @@ def _read_predictions(
                     f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
                 )
             preds[rec["id"]] = rec
+    if not preds:
+        raise UserError(
+            f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "
+            "per line."
+        )
     return preds
 
 

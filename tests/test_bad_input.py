@@ -592,7 +592,8 @@ def test_hub_id_while_offline(ws: Workspace) -> None:
 def test_sandbox_model_not_built(ws: Workspace) -> None:
     cfg = ws.config()
     before = ws.files()
-    env = _env(COTGAP_ZOO_DIR=str(ws.root / "empty-zoo"))
+    # the shipped zoo is always there: ask for this machine's rebuild, of which there is none
+    env = _env(COTGAP_ZOO_DIR=str(ws.root / "empty-zoo"), COTGAP_ZOO="rebuilt")
     msg = error_message(cotgap(ws, "generate", cfg, "--teacher", "big", env=env))
     assert "sandbox model 'teacher-l' is not built yet; run `cotgap sandbox build`" in msg, msg
     assert_untouched(ws, before)
@@ -766,12 +767,6 @@ def test_analyze_removes_what_a_killed_analysis_left(ws: Workspace) -> None:
 
 # Finding 5 of issue #23. The fix belongs in tasks.score_file and the `score` command, which the
 # answer-extraction work owns; these fail until it lands (strict: an XPASS says remove the mark).
-SCORE_FIX = pytest.mark.xfail(
-    strict=True, reason="issue #23 finding 5: tasks.score_file / `cotgap score` not changed yet"
-)
-
-
-@SCORE_FIX
 def test_score_refuses_an_empty_predictions_file(ws: Workspace) -> None:
     preds = ws.raw("preds.jsonl", "\n")
     before = ws.files()
@@ -781,7 +776,6 @@ def test_score_refuses_an_empty_predictions_file(ws: Workspace) -> None:
     assert_untouched(ws, before)
 
 
-@SCORE_FIX
 def test_score_reports_items_without_a_prediction(ws: Workspace) -> None:
     preds = ws.jsonl("preds.jsonl", [{"id": SANDBOX_ID, "completion": "The answer is 5."}])
     out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds)

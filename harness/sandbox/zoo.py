@@ -8,7 +8,8 @@ The built zoo ships inside the package (`harness/sandbox/models/`, MODEL_CARD.md
 numbers must not depend on the CPU it runs on, and pretraining takes minutes on a fast CPU and far
 longer on one without native bf16. `sandbox:<name>` means the shipped model, each file checked
 against SHA256SUMS when first used; a shipped model whose recipe hash no longer matches the code is
-ignored, and the model is then looked up in (or built into) the cache like any rebuild.
+ignored, and the model is then looked up in (or built into) the cache like any rebuild. With
+COTGAP_ZOO=rebuilt, `sandbox:<name>` means the rebuild in the cache instead.
 
 Each model is a standard Hugging Face directory (config.json, model.safetensors, tokenizer files,
 generation_config.json with the EOS) that transformers and vLLM load, plus `zoo.json`: the recipe,
@@ -138,7 +139,10 @@ def _shipped_sums() -> dict[str, str]:
 
 
 def shipped(name: str) -> Path | None:
-    """The shipped directory of `name` when it was built from today's recipe, else None."""
+    """The shipped directory of `name` when it was built from today's recipe, else None (also
+    with COTGAP_ZOO=rebuilt: then `sandbox:<name>` means this machine's own rebuild)."""
+    if os.environ.get("COTGAP_ZOO", "shipped").lower() == "rebuilt":
+        return None
     d = SHIPPED / name
     info = d / "zoo.json"
     if not info.is_file():
