@@ -12,7 +12,6 @@ p, Holm across every distilled row of the grid. Writes `<results>/<experiment>/a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import shutil
@@ -27,7 +26,7 @@ import pandas as pd
 from harness import answers, models, plan, stats, tasks
 from harness.config import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
-from harness.store import Store, atomic_write_json, atomic_write_text, read_jsonl
+from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
 
 COLUMNS: dict[str, str] = {
     "row_type": "teacher | baseline | distilled: what the row scores",
@@ -190,7 +189,8 @@ def _read_eval(d: Path, key: str, data_dir: str | None = None) -> EvalResult:
     its stored completions (`tasks.rescore_cell`, as `cotgap score --results` does), in memory, and
     its metrics' rates with it (`rescored: true`)."""
     path, metrics_path = d / "predictions.jsonl", d / "metrics.json"
-    metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+    fix = f"delete {d} and re-run to recompute that cell (`cotgap check` lists damaged cells)"
+    metrics = read_json(metrics_path, fix) if metrics_path.exists() else {}
     records = read_jsonl(path)
     if tasks.rescore_due(metrics):
         from harness.evaluate import rates

@@ -429,3 +429,14 @@ def test_rebuild_is_deterministic(built) -> None:
     analyze.run(exp, store, log=lambda _: None)
     second = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".csv", ".json", ".md")}
     assert first == second
+
+
+def test_a_damaged_metrics_file_names_itself_and_the_fix(tmp_path):
+    from harness.errors import UserError
+
+    d = tmp_path / "cells" / "eval" / "k1"
+    d.mkdir(parents=True)
+    (d / "predictions.jsonl").write_text('{"id": "a", "correct": true}\n')
+    (d / "metrics.json").write_text('{"accuracy": 0.5, "engi')  # cut short by a full disk
+    with pytest.raises(UserError, match=r"metrics\.json: damaged .*delete .*k1 and re-run"):
+        analyze._read_eval(d, "k1")
