@@ -884,11 +884,13 @@ def _read_predictions(
     if not path.is_file():
         raise UserError(f"{path}: no such file; give a JSONL file of {{id, completion}} records.")
     preds: dict[str, dict] = {}
+    records = 0  # excluded rows count: a file of only those is not empty
     # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
     with io.StringIO(_read_utf8(path)) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
+            records += 1
             where = f"{path}: line {lineno}"
             try:
                 rec = json.loads(line)
@@ -914,7 +916,7 @@ def _read_predictions(
                     f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
                 )
             preds[rec["id"]] = rec
-    if not preds:
+    if not records:
         raise UserError(
             f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "
             "per line."
