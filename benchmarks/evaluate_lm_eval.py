@@ -9,7 +9,7 @@ One local model (a test-zoo model by default, built if missing) and, at each siz
 the same generator and seed), under the same greedy decoding:
 1. cotgap: the evaluate stage's engine side (`harness.evaluate.work`: load items, render through
    the chat template, generate, score, stream predictions.jsonl, metrics with a bootstrap CI,
-   manifest) on the eval cell `plan.expand` makes for the model, with the engine `engines.load`
+   manifest) on the eval cell `grid.expand` makes for the model, with the engine `engines.load`
    starts;
 2. bare vLLM (`--backend vllm` only): `vllm.LLM` with the same engine settings, the same user
    messages through the tokenizer's chat template, one `llm.generate` call; nothing is scored or
@@ -161,9 +161,9 @@ def write_lm_eval_task(task_dir: Path, data: Path, eos: str, args: argparse.Name
 def cotgap_child(exp: Any) -> dict:
     """In a fresh process: start cotgap's engine, run the stage's evaluation of the one cell."""
     t0 = time.perf_counter()
-    from harness import engines, evaluate, plan
+    from harness import engines, evaluate, grid
 
-    (cell,) = [c for c in plan.expand(exp) if c.kind == "eval" and c.meta["model"] == "model"]
+    (cell,) = grid.expand(exp).select(kind="eval", model="model")
     engine = engines.load(exp.evaluate.engine, exp.model("model"))
     t1 = time.perf_counter()
     metrics = evaluate.work(exp, str(exp.root), [cell], {cell.key: (None, None)}, engine=engine)

@@ -60,9 +60,9 @@ def experiment(model_dir: str, results: Path, items: int, n: int, max_tokens: in
 
 
 def traces_cell(exp):
-    from harness import plan
+    from harness import grid
 
-    return next(c for c in plan.expand(exp) if c.kind == "traces")
+    return next(c for c in grid.expand(exp) if c.kind == "traces")
 
 
 def bare_vllm(engine, requests, sampling) -> tuple[float, int]:

@@ -2,7 +2,7 @@
 
     cotgap analyze configs/sandbox.yaml
 
-Reads only the complete cells of `plan.expand(exp)`; a cell not computed yet leaves NaN in its
+Reads only the complete cells of the grid (`grid.expand(exp)`); a cell not computed yet leaves NaN in its
 row and is counted, never fatal. Each distilled student is paired item by item (by id) with its
 own baseline (same student, task and eval config): gain with a paired bootstrap CI, exact McNemar
 p, Holm across every distilled row of the grid. Writes `<results>/<experiment>/analysis/`
@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, plan, stats, tasks
+from harness import answers, models, stats, tasks
+from harness import grid as grids
+from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
@@ -238,43 +240,26 @@ def paired(base: EvalResult, post: EvalResult) -> tuple[np.ndarray, np.ndarray]:
 # --- the leaderboard -----------------------------------------------------------------------------
 
 
-def _index(cells: list[plan.CellSpec]) -> dict[tuple, plan.CellSpec]:
-    idx: dict[tuple, plan.CellSpec] = {}
-    for c in cells:
-        m = c.meta
-        idx["cell", c.kind, c.key] = c
-        if c.kind == "traces":
-            idx["traces", m["task"], m["model"]] = c
-        elif c.kind == "eval" and m.get("role") in ("teacher", "baseline"):
-            idx[m["role"], m["task"], m["model"]] = c
-        elif c.kind == "eval" and m.get("role") == "distilled":
-            idx["distilled", m["task"], m["student"], m["teacher"], m["regime"], m["seed"]] = c
-    return idx
-
-
 def leaderboard(
     exp: Experiment, store: Store
 ) -> tuple[pd.DataFrame, dict[str, int], dict[str, int]]:
     """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts, and
     the counts of cells re-scored with the current extractor (by kind: eval, traces)."""
-    idx, reader, rows = _index(plan.expand(exp)), _Reader(store, exp.data_dir), []
+    grid, reader, rows = grids.expand(exp), _Reader(store, exp.data_dir), []
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
+    teachers = {}
+    for (task, teacher), ev in grid.teachers.items():
+        teachers[task, teacher] = _teacher_row(reader, ev, grid.traces[task, teacher])
     for task in (t.name for t in exp.tasks):
-        teachers = {
-            t.name: _teacher_row(reader, idx["teacher", task, t.name], idx["traces", task, t.name])
-            for t in exp.teachers
-        }
-        rows.extend(teachers.values())
-        for s in exp.students:
-            base_cell = idx["baseline", task, s.name]
-            rows.append(_baseline_row(reader, base_cell))
-            for regime in exp.train.regimes:
-                for t in exp.teachers:
-                    for seed in exp.train.seeds:
-                        cell = idx["distilled", task, s.name, t.name, regime, seed]
-                        adapter = idx["cell", "adapter", cell.upstream[0]]
-                        row = _distilled_row(exp.analysis, reader, cell, adapter, base_cell.key)
-                        rows.append({**_teacher_columns(teachers[t.name]), **row})
+        rows.extend(row for (t, _), row in teachers.items() if t == task)
+        for (t, student), base in grid.baselines.items():
+            if t != task:
+                continue
+            rows.append(_baseline_row(reader, base))
+            for (t, s, teacher, _, _), d in grid.distilled.items():
+                if (t, s) == (task, student):
+                    row = _distilled_row(exp.analysis, reader, d)
+                    rows.append({**_teacher_columns(teachers[task, teacher]), **row})
     board = pd.DataFrame(rows)
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
@@ -286,12 +271,12 @@ def leaderboard(
     return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored)
 
 
-def _teacher_row(reader: _Reader, ev_cell: plan.CellSpec, traces: plan.CellSpec) -> dict:
+def _teacher_row(reader: _Reader, ev_cell: Eval, traces: Traces) -> dict:
     ev = reader.eval(ev_cell.key)
     return {
         "row_type": "teacher",
-        "task": ev_cell.meta["task"],
-        "teacher": ev_cell.meta["model"],
+        "task": ev_cell.task,
+        "teacher": ev_cell.model,
         "teacher_acc": ev.accuracy if ev else NAN,
         "teacher_train_acc": reader.traces_yield(traces.key),
         "n_test": len(ev.correct) if ev else None,
@@ -306,12 +291,12 @@ def _teacher_columns(teacher_row: dict) -> dict:
     return {k: teacher_row[k] for k in keys}
 
 
-def _baseline_row(reader: _Reader, cell: plan.CellSpec) -> dict:
+def _baseline_row(reader: _Reader, cell: Eval) -> dict:
     ev = reader.eval(cell.key)
     return {
         "row_type": "baseline",
-        "task": cell.meta["task"],
-        "student": cell.meta["model"],
+        "task": cell.task,
+        "student": cell.model,
         "base_acc": ev.accuracy if ev else NAN,
         "n_test": len(ev.correct) if ev else None,
         **_rates(ev),
@@ -328,22 +313,17 @@ def _rates(ev: EvalResult | None) -> dict[str, Any]:
     }
 
 
-def _distilled_row(
-    a: AnalysisConfig,
-    reader: _Reader,
-    cell: plan.CellSpec,
-    adapter: plan.CellSpec,
-    baseline_key: str,
-) -> dict:
+def _distilled_row(a: AnalysisConfig, reader: _Reader, d: grids.Distilled) -> dict:
     """The distilled student's columns; the teacher's come from its teacher row."""
-    reader.summary("adapter", adapter.key)  # counted when absent; read by training_budget
-    dataset = reader.summary("dataset", adapter.upstream[0])
+    cell, baseline_key = d.eval, d.baseline.key
+    reader.summary("adapter", d.adapter.key)  # counted when absent; read by training_budget
+    dataset = reader.summary("dataset", d.dataset.key)
     base, post = reader.eval(baseline_key), reader.eval(cell.key)
     row = {
         "row_type": "distilled",
-        "student": cell.meta["student"],
-        "regime": cell.meta["regime"],
-        "seed": cell.meta["seed"],
+        "student": cell.model,
+        "regime": cell.regime,
+        "seed": cell.seed,
         "base_acc": base.accuracy if base else NAN,
         "post_acc": post.accuracy if post else NAN,
         "n_test": None,
@@ -352,7 +332,7 @@ def _distilled_row(
         "mean_trace_tokens": dataset.get("mean_trace_tokens", NAN),
         **_rates(post),
         "eval_key": cell.key,
-        "adapter_key": adapter.key,
+        "adapter_key": d.adapter.key,
         "baseline_key": baseline_key,
     }
     if base and post:
@@ -611,10 +591,9 @@ def select_tasks_by_spread(
 def training_budget(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[str, Any]:
     """The configured training budget and what the complete adapter cells report."""
     tr = exp.train
-    configured = {
-        **canonical(tr.model_copy(update={"accelerate_config": None})),
-        "effective_batch": tr.per_device_batch_size * tr.grad_accum * tr.num_processes,
-    }
+    configured = canonical(tr.model_copy(update={"accelerate_config": None}))
+    configured.pop("merge")  # what is saved, not the budget
+    configured["effective_batch"] = tr.per_device_batch_size * tr.grad_accum * tr.num_processes
     observed = []
     dist = board[board["row_type"] == "distilled"].dropna(subset=["adapter_key"])
     for key, n_examples in zip(dist["adapter_key"], dist["n_train_examples"], strict=True):

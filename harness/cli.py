@@ -54,7 +54,10 @@ _OS_FIXES = {
 }
 
 ConfigArg = Annotated[Path, typer.Argument(help="experiment YAML", show_default=False)]
-Stage = Annotated[str | None, typer.Option(help="run only this stage: traces | train | eval")]
+Stage = Annotated[
+    str | None,
+    typer.Option(help="run only these stages: generate, train, evaluate (comma-separated)"),
+]
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
 ]
@@ -91,9 +94,9 @@ def validate(configs: Annotated[list[Path], typer.Argument(help="experiment YAML
     for path in configs:
         try:
             exp = _load(path)
-            from harness import plan
+            from harness import grid
 
-            problems = plan.check(exp)
+            problems = grid.check(exp)
             if problems:
                 errors.extend(f"{path}: {p}" for p in problems)
                 continue
@@ -148,12 +151,12 @@ def ls_cells(config: ConfigArg) -> None:
     """The cells of an experiment on disk: kind, key, state, label, wall time."""
     from rich.table import Table
 
-    from harness import plan
+    from harness import grid
     from harness.store import Store
 
     exp = _load(config)
     store = Store(exp.root)
-    labels = {c.key: c.label for c in plan.expand(exp)}
+    labels = {c.key: c.label for c in grid.expand(exp)}
     table = Table("kind", "key", "state", "cell", "wall s")
     for kind, key, manifest in store.cells():
         state = "complete" if manifest else "partial"
@@ -189,18 +192,16 @@ def run(
 ) -> None:
     """Run every missing cell of an experiment, then analyse it."""
     from harness import plan
+    from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
     exp = _load(config)
     _say_engine(exp)
-    if only not in (None, "traces", "train", "eval"):
-        raise UserError(f"--only: {only!r} is not a stage; use traces, train or eval.")
+    options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
     start = time.time()
     with store.lock(timeout=wait):
-        counts = plan.run_all(
-            exp, store, only=only, executor=executor or exp.executor, address=address, log=_log
-        )
+        counts = plan.run(exp, store, options=options, log=_log)
         if only is None:
             from harness import analyze
 
@@ -245,20 +246,25 @@ def _print_summary(leaderboard: Path) -> None:
     _console(stderr=False).print(table)
 
 
-def _stage(config: Path, stage: str, wait: float, **filters: str | None) -> None:
-    from harness import plan
+def _stage(
+    config: Path, stage: str, wait: float, merge: bool = False, **filters: str | None
+) -> None:
+    from harness import grid, plan
+    from harness.schedule import RunOptions
     from harness.store import Store
 
     exp = _load(config)
+    if merge:  # merged adapters are other cells (merge is part of an adapter's key)
+        exp = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
     for key, name in filters.items():
         if name is not None and key in ("model", "teacher", "student"):
             exp.model(name)
         if name is not None and key == "task":
             exp.task(name)
     store = Store(exp.root)
-    cells = plan.select(plan.expand(exp), **filters)
+    cells = grid.expand(exp).select(**filters)
     with store.lock(timeout=wait):
-        counts = plan.execute(exp, cells, store, only=stage, log=_log)
+        counts = plan.run(exp, store, cells, RunOptions(frozenset({stage})), log=_log)
     _console().print(f"{stage}: computed {sum(counts.values())} cell(s)")
 
 
@@ -270,7 +276,7 @@ def generate(
     wait: Wait = 0,
 ) -> None:
     """Generate teacher CoT traces (n samples per question, scored) with vLLM."""
-    _stage(config, "traces", wait, model=teacher, task=task)
+    _stage(config, "generate", wait, model=teacher, task=task)
 
 
 @app.command()
@@ -282,16 +288,13 @@ def train(
     ] = None,
     task: Annotated[str | None, typer.Option(help="only this task")] = None,
     merge: Annotated[
-        bool, typer.Option(help="also write a merged model next to the adapter")
+        bool,
+        typer.Option(help="also write a merged model next to the adapter (as train.merge: true)"),
     ] = False,
     wait: Wait = 0,
 ) -> None:
     """Fine-tune students with LoRA (accelerate + peft) on teacher traces."""
-    import os
-
-    if merge:
-        os.environ["COTGAP_MERGE"] = "1"
-    _stage(config, "train", wait, student=student, teacher=teacher, task=task)
+    _stage(config, "train", wait, merge, model=student, teacher=teacher, task=task)
 
 
 @app.command()
@@ -319,7 +322,7 @@ def evaluate(
             keys = plan.evaluate_adapter(exp, store, model, adapter, task)
         _console().print(f"eval cells: {', '.join(keys)}")
         return
-    _stage(config, "eval", wait, model=model, task=task)
+    _stage(config, "evaluate", wait, model=model, task=task)
 
 
 @app.command()

@@ -145,6 +145,9 @@ class TrainConfig(Strict):
         "auto", description="auto: bf16 where the hardware has it natively, else fp32"
     )
     group_by_length: bool = True
+    merge: bool = Field(
+        False, description="also save the LoRA merged into the student (merged/); part of the key"
+    )
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )

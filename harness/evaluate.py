@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import answers, engines, stats, tasks
-from harness.config import AnalysisConfig, EvalConfig, Experiment
+from harness.config import AnalysisConfig, EvalConfig, Experiment, canonical
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
@@ -47,15 +47,13 @@ def run(
     inprocess: bool | None = None,
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
-    """Compute the eval cells (`plan.CellSpec`s) of one base model; returns metrics by cell key."""
+    """Compute the eval cells of one base model; returns metrics by cell key."""
     cells = [c for c in cells if not store.complete(c.kind, c.key)]
     if not cells:
         return {}
-    models = {c.meta["model"] for c in cells}
+    models = {c.model for c in cells}
     if len(models) != 1 or any(c.kind != "eval" for c in cells):
         raise ValueError(f"evaluate.run takes eval cells of one base model, got {sorted(models)}")
-    if len({eval_config_json(c.config["evaluate"]) for c in cells}) != 1:
-        raise ValueError("evaluate.run takes cells of one eval config (the protocol's E)")
     model = models.pop()
     # Resolved here, so that a missing adapter fails before any engine starts.
     served = {c.key: served_by(store, c) for c in cells}
@@ -79,8 +77,8 @@ def served_by(store: Store, cell: Any) -> tuple[str | None, str | None]:
     (None, None) for a teacher or baseline; a PEFT adapter for distilled and ad-hoc cells; the
     merged model of a full fine-tune (an adapter cell with `merged/` and no `adapter/`).
     """
-    if cell.meta.get("adapter_dir"):
-        return None, str(cell.meta["adapter_dir"])
+    if cell.adapter_dir:
+        return None, cell.adapter_dir
     if not cell.upstream:
         return None, None
     key = cell.upstream[0]
@@ -109,7 +107,7 @@ def work(
     """
     store = Store(root)
     loaded = [(c, *_task_items(exp, c)) for c in cells]
-    n = EvalConfig.model_validate(cells[0].config["evaluate"]).n
+    n = exp.evaluate.n
     engines.emit({"total": n * sum(len(items) for _, _, items in loaded)})
     sessions: dict[str | None, list] = {}  # the base model first, then any merged models
     for entry in sorted(loaded, key=lambda e: served[e[0].key][0] is not None):
@@ -132,8 +130,8 @@ def work(
 
 def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str]) -> Engine:
     """The engine for one served model, with LoRA when it serves adapters (rank: the largest)."""
-    ev = EvalConfig.model_validate(cell.config["evaluate"])
-    spec = exp.model(cell.meta["model"])
+    ev = exp.evaluate
+    spec = exp.model(cell.model)
     if model_dir is not None:
         spec = spec.model_copy(update={"path": model_dir})
     rank = max([exp.train.lora.r, *map(adapter_rank, adapters)]) if adapters else None
@@ -142,10 +140,8 @@ def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str
 
 
 def _task_items(exp: Experiment, cell: Any) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
-    task = tasks.load_task(cell.config["task"]["name"])
-    items = tasks.load_items(
-        task, "test", data_dir=exp.data_dir, limit=cell.config["task"]["limit"]
-    )
+    task = tasks.load_task(cell.task)
+    items = tasks.load_items(task, "test", data_dir=exp.data_dir, limit=cell.limit)
     return task, items
 
 
@@ -160,11 +156,11 @@ def _evaluate_cell(
     session_id: str,
     chunk_seqs: int,
 ) -> dict[str, Any]:
-    ev = EvalConfig.model_validate(cell.config["evaluate"])
-    sampling, extractor = Sampling.from_config(ev), cell.config["task"]["extractor"]
+    ev = exp.evaluate
+    sampling, extractor = Sampling.from_config(ev), cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
-        c.write_text(EVAL_CONFIG, eval_config_json(cell.config["evaluate"]))
+        c.write_text(EVAL_CONFIG, eval_config_json(ev))
         tasks.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(PREDICTIONS)
         records = _resumable(out.records, items, c.dir)
@@ -213,7 +209,9 @@ def _requests(
 
 def eval_config_json(evaluate_config: Any) -> str:
     """The eval config as canonical JSON: byte-identical in every cell scored under it."""
-    return json.dumps(evaluate_config, sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    return (
+        json.dumps(canonical(evaluate_config), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    )
 
 
 def _resumable(records: list[dict], items: list[tasks.Item], cell_dir: Path) -> list[dict]:

@@ -26,7 +26,7 @@ from harness.engines import Engine, Request, Sample, Sampling
 from harness.store import Store, atomic_write_bytes
 
 if TYPE_CHECKING:
-    from harness.plan import CellSpec
+    from harness.cells import Traces
 
 TRACES = "traces.jsonl"
 CHUNK_SEQS = 4096  # sequences per engine call: large enough that the engine rarely runs dry
@@ -36,16 +36,16 @@ EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 def run(
     exp: Experiment,
     store: Store,
-    cells: list[CellSpec],
+    cells: list[Traces],
     progress: bool = True,
     inprocess: bool | None = None,
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
-    """Compute the traces cells of one teacher (`plan.CellSpec`s); returns summaries by cell key."""
+    """Compute the traces cells of one teacher; returns summaries by cell key."""
     cells = [c for c in cells if not store.complete(c.kind, c.key)]
     if not cells:
         return {}
-    teachers = {c.meta["model"] for c in cells}
+    teachers = {c.model for c in cells}
     if len(teachers) != 1 or any(c.kind != "traces" for c in cells):
         raise ValueError(f"generate.run takes traces cells of one teacher, got {sorted(teachers)}")
     teacher = teachers.pop()
@@ -66,7 +66,7 @@ def run(
 def work(
     exp: Experiment,
     root: str,
-    cells: list[CellSpec],
+    cells: list[Traces],
     chunk_seqs: int = CHUNK_SEQS,
     engine: Engine | None = None,
 ) -> dict[str, dict]:
@@ -79,32 +79,30 @@ def work(
     engines.emit({"total": sampling.n * sum(len(items) for _, _, items in loaded)})
     if engine is None:
         engines.emit({"status": f"starting the {exp.generate.engine} engine"})
-        engine = engines.load(exp.generate.engine, exp.model(cells[0].meta["model"]))
+        engine = engines.load(exp.generate.engine, exp.model(cells[0].model))
     return {
         c.key: _generate_cell(exp, store, c, task, items, engine, sampling, chunk_seqs)
         for c, task, items in loaded
     }
 
 
-def _task_items(exp: Experiment, cell: CellSpec) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
-    task = tasks.load_task(cell.meta["task"])
-    items = tasks.load_items(
-        task, "train", data_dir=exp.data_dir, limit=cell.config["task"]["limit"]
-    )
+def _task_items(exp: Experiment, cell: Traces) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+    task = tasks.load_task(cell.task)
+    items = tasks.load_items(task, "train", data_dir=exp.data_dir, limit=cell.limit)
     return task, items
 
 
 def _generate_cell(
     exp: Experiment,
     store: Store,
-    cell: CellSpec,
+    cell: Traces,
     task: tasks.TaskSpec,
     items: list[tasks.Item],
     engine: Engine,
     sampling: Sampling,
     chunk_seqs: int,
 ) -> dict[str, Any]:
-    n, extractor = sampling.n, cell.config["task"]["extractor"]
+    n, extractor = sampling.n, cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         drop_unfinished_items(c.dir / TRACES, n)

@@ -265,6 +265,16 @@ def _spec(task: TaskSpec | str) -> TaskSpec:
     return task if isinstance(task, TaskSpec) else load_task(task)
 
 
+def source_version(spec: TaskSpec) -> int | None:
+    """The version of the code that makes a task's items, where code makes them (the sandbox
+    generators); None for tasks read from files or the hub (their YAML `version` says it)."""
+    if spec.source.sandbox is None:
+        return None
+    from harness.sandbox.tasks import VERSION
+
+    return VERSION
+
+
 def list_tasks_table() -> list[dict[str, Any]]:
     """Rows for `cotgap ls tasks`: from the YAMLs alone, no data is read."""
     rows = []

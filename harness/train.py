@@ -41,8 +41,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import models, tasks
+from harness import models
+from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
+from harness.dataset import encode, load_tokenizer
 from harness.errors import UserError
 from harness.store import (
     JsonlWriter,
@@ -53,146 +55,18 @@ from harness.store import (
     read_jsonl,
 )
 
-TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
-MATCHED_SEED = 0  # dataset cells have no seed: every training seed sees the same matched subset
 MEGA_BATCH = 64  # micro-batches sorted together by length: little padding, order still shuffled
 TRAINABLE = "trainable.safetensors"
-
-# --- dataset cells ------------------------------------------------------------------------------
-
-
-def load_tokenizer(model_dir: str, chat_template: bool, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    if tok.eos_token_id is None:
-        raise UserError(
-            f"{model_dir}: the tokenizer has no EOS token; a student must learn to stop."
-        )
-    if chat_template and not tok.chat_template:
-        raise UserError(
-            f"{model_dir}: no chat template in the tokenizer; set chat_template: false."
-        )
-    return tok
-
-
-def encode(tok: Any, prompt: str, completion: str, chat_template: bool) -> tuple[list[int], int]:
-    """Token ids of prompt + completion + EOS as the student sees them, and how many are prompt.
-
-    The prompt is rendered as evaluation renders it (chat template, or raw text with the tokenizer's
-    own special tokens); the completion is tokenized on its own so the boundary is exact."""
-    if chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
-    else:
-        prompt_ids = tok(prompt)["input_ids"]
-    completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
-    return [*prompt_ids, *completion_ids, tok.eos_token_id], len(prompt_ids)
-
-
-def _traces(exp: Experiment, store: Store, cell: Any) -> tuple[dict[str, list[dict]], int]:
-    """Usable traces of every teacher a dataset cell draws on, by trace cell key (plan.expand puts
-    the chosen teacher's key in config["teacher"] and every key it reads in `upstream`), and how
-    many traces cells were re-scored: one scored by an earlier extractor version is re-scored
-    from its completions, so the selection follows the current extractor's verdicts."""
-    out, rescored = {}, 0
-    for key in cell.upstream:
-        d = store.cell_dir("traces", key)
-        if not store.complete("traces", key):
-            raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
-        if tasks.rescore_due(store.manifest("traces", key).get("summary") or {}):
-            out[key], rescored = _usable(tasks.rescore_cell(d, exp.data_dir)), rescored + 1
-        else:
-            out[key] = _usable(read_jsonl(d / "traces.jsonl"))
-    return out, rescored
-
-
-def _usable(records: list[dict]) -> list[dict]:
-    """Correct traces whose generation finished: a truncated one is never an answer."""
-    return [r for r in records if r.get("correct") and r.get("finish_reason") != "length"]
-
-
-def _render(records: list[dict], tok: Any, chat: bool, max_length: int) -> tuple[list[dict], int]:
-    """Training examples of `records`, and how many were dropped (never truncated) as over-long."""
-    kept, dropped = [], 0
-    for r in records:
-        ids, n_prompt = encode(tok, r["prompt"], r["completion"], chat)
-        if len(ids) > max_length:
-            dropped += 1
-            continue
-        example = {k: r[k] for k in ("id", "sample", "prompt", "completion")}
-        kept.append({**example, "n_tokens": len(ids), "n_completion_tokens": len(ids) - n_prompt})
-    return kept, dropped
-
-
-def _match(examples: list[dict], sets: list[list[dict]], matched_by: str) -> list[dict]:
-    """A seeded subsample of `examples` as large as the smallest teacher's set: in examples, or in
-    completion tokens (the tokens the loss is on, where verbose and terse teachers differ)."""
-    order = list(range(len(examples)))
-    random.Random(MATCHED_SEED).shuffle(order)
-    if matched_by == "examples":
-        chosen = order[: min(len(s) for s in sets)]
-    else:
-        budget = min(sum(e["n_completion_tokens"] for e in s) for s in sets)
-        chosen, used = [], 0
-        for i in order:
-            if used + examples[i]["n_completion_tokens"] <= budget:
-                chosen.append(i)
-                used += examples[i]["n_completion_tokens"]
-    return [examples[i] for i in sorted(chosen)]
-
-
-def build_dataset(exp: Experiment, store: Store, cell: Any) -> dict:
-    """Select, render and write the training examples of one dataset cell; returns its summary."""
-    cfg, teacher = cell.config, cell.config["teacher"]
-    student = exp.model(cell.meta["student"])
-    tok = load_tokenizer(models.resolve(student), student.chat_template, student.trust_remote_code)
-    usable, rescored = _traces(exp, store, cell)
-    if cfg["regime"] == "intersection":  # solved: a correct trace, whether or not it fits
-        solved = set.intersection(*({r["id"] for r in rs} for rs in usable.values()))
-        usable = {teacher: [r for r in usable[teacher] if r["id"] in solved]}
-    elif cfg["regime"] == "per_teacher":
-        usable = {teacher: usable[teacher]}
-    chat, max_length = student.chat_template, cfg["max_length"]
-    rendered = {key: _render(rs, tok, chat, max_length) for key, rs in usable.items()}
-    examples, dropped = rendered[teacher]
-    if cfg["regime"] == "matched":
-        examples = _match(examples, [ex for ex, _ in rendered.values()], cfg["matched_by"])
-    # An empty set is a result (the teacher solved nothing usable), not an error: the cell completes
-    # with n_examples 0, and plan.py skips the adapter and eval cells downstream of it.
-    completion_tokens = sum(e["n_completion_tokens"] for e in examples)
-    summary = {
-        "n_examples": len(examples),
-        "n_dropped_overlong": dropped,
-        "train_tokens": sum(e["n_tokens"] for e in examples),
-        "completion_tokens": completion_tokens,
-        "mean_trace_tokens": completion_tokens / len(examples) if examples else 0.0,
-        "n_questions": len({e["id"] for e in examples}),
-        "rescored_traces_cells": rescored,
-    }
-    with store.open_cell("dataset", cell.key, cell.config, cell.upstream) as out:
-        out.write_text("examples.jsonl", "".join(json.dumps(e) + "\n" for e in examples))
-        out.finish(summary, packages=("transformers",))
-    return summary
-
 
 # --- adapter cells: the parent side -------------------------------------------------------------
 
 
-def run(exp: Experiment, store: Store, cell: Any, merge: bool = False) -> dict:
-    """Train one adapter cell in a worker (resuming from its last checkpoint); complete the cell.
-    `merge` (or COTGAP_MERGE=1, set by `cotgap train --merge`) also writes merged/."""
-    return run_many(exp, store, [cell], merge)[cell.key]
-
-
-def run_many(exp: Experiment, store: Store, cells: list, merge: bool = False) -> dict[str, dict]:
+def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     """Train adapter cells; returns their summaries by key. Single-process cells share one worker
     process that trains them one after another: Python, torch, transformers and peft start once,
     not once a cell (about 5 s a cell on a laptop CPU, where a sandbox LoRA run takes 1-2 s).
     Each cell still seeds, resumes and saves on its own, so the weights equal a worker of its own.
     Cells that need `accelerate launch` (several processes) get a launch each."""
-    merge = merge or os.environ.get("COTGAP_MERGE") == "1"
     complete = [c for c in cells if store.complete("adapter", c.key)]
     done = {c.key: store.manifest("adapter", c.key)["summary"] for c in complete}
     todo = [c for c in cells if c.key not in done]
@@ -203,30 +77,29 @@ def run_many(exp: Experiment, store: Store, cells: list, merge: bool = False) ->
             )
     shared = [c for c in todo if _single_process(c)]
     if shared:
-        done.update(_train_cells(exp, store, shared, merge))
+        done.update(_train_cells(exp, store, shared))
     for c in todo:
         if c.key not in {s.key for s in shared}:
-            done.update(_train_cells(exp, store, [c], merge))
+            done.update(_train_cells(exp, store, [c]))
     return done
 
 
-def _single_process(cell: Any) -> bool:
-    cfg = TrainConfig.model_validate(cell.config["train"])
-    return cfg.num_processes == 1 and cfg.accelerate_config is None
+def _single_process(cell: Adapter) -> bool:
+    return cell.train.num_processes == 1 and cell.train.accelerate_config is None
 
 
-def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dict[str, dict]:
+def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     """Open the cells (their locks held throughout) and run one worker over them. The worker
     completes each cell as soon as it is trained, so a kill loses at most the cell in training
     (back to its last checkpoint); the first cell left incomplete is reported."""
-    cfg = TrainConfig.model_validate(cells[0].config["train"])
+    cfg = cells[0].train
     with contextlib.ExitStack() as stack:
         outs = [
             stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
             for c in cells
         ]
         for c, out in zip(cells, outs, strict=True):
-            student = exp.model(c.meta["student"])
+            student = exp.model(c.student)
             examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
             job = {
                 "model_dir": str(Path(models.resolve(student)).resolve()),
@@ -234,8 +107,8 @@ def _train_cells(exp: Experiment, store: Store, cells: list, merge: bool) -> dic
                 "trust_remote_code": student.trust_remote_code,
                 "examples": str(examples.resolve()),
                 "train": c.config["train"],
-                "seed": c.config["seed"],
-                "merge": merge,
+                "seed": c.seed,
+                "merge": c.merge,
                 "label": c.label,
                 "checkpoint_seconds": exp.train.checkpoint_seconds,
                 # what the worker needs to complete the cell through the store, as this process would

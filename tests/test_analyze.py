@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_analyze.py
 
-Cells are written at the keys `plan.expand` gives (local model directories made here, real task
+Cells are written at the keys `grid.expand` gives (local model directories made here, real task
 names), through the real Store API. Gains, McNemar p-values (binomial sums with math.comb), Holm,
 Spearman (hand ranks) and the ΔLarge verdicts are computed independently of harness.stats; the
 report must name whichever teacher the data favour.
@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import analyze, plan
+from harness import analyze
+from harness import grid as grids
+from harness.cells import Cell
 from harness.config import Experiment
 from harness.errors import UserError
 from harness.store import Store
@@ -85,7 +87,7 @@ def _post_vector(student: str, wins: int, losses: int) -> np.ndarray:
     return v
 
 
-def _write(store: Store, cell: plan.CellSpec, summary: dict, files: dict | None = None) -> None:
+def _write(store: Store, cell: Cell, summary: dict, files: dict | None = None) -> None:
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         for name, obj in (files or {}).items():
             if name.endswith(".jsonl"):
@@ -97,7 +99,7 @@ def _write(store: Store, cell: plan.CellSpec, summary: dict, files: dict | None 
         c.finish(summary)
 
 
-def _write_eval(store: Store, cell: plan.CellSpec, correct: np.ndarray, ids=IDS) -> None:
+def _write_eval(store: Store, cell: Cell, correct: np.ndarray, ids=IDS) -> None:
     preds = [
         {"id": i, "completion": "...", "correct": bool(x)}
         for i, x in zip(ids, correct, strict=True)
@@ -113,25 +115,25 @@ def _write_eval(store: Store, cell: plan.CellSpec, correct: np.ndarray, ids=IDS)
 
 
 def _populate(exp: Experiment, store: Store, flips: dict = FLIPS) -> None:
-    for c in plan.expand(exp):
-        m = c.meta
+    for c in grids.expand(exp):
+        role = getattr(c, "role", None)
         if c.kind == "traces":
-            _write(store, c, {"yield": YIELD[m["model"]], "n_items": 50})
-        elif c.kind == "eval" and m["role"] == "teacher":
-            v = np.arange(N) < TEACHER_CORRECT[m["task"]][m["model"]]
+            _write(store, c, {"yield": YIELD[c.model], "n_items": 50})
+        elif c.kind == "eval" and role == "teacher":
+            v = np.arange(N) < TEACHER_CORRECT[c.task][c.model]
             _write_eval(store, c, v)
-        elif c.kind == "eval" and m["role"] == "baseline":
-            _write_eval(store, c, _base_vector(m["model"]))
-        elif m["task"] == OTHER:
+        elif c.kind == "eval" and role == "baseline":
+            _write_eval(store, c, _base_vector(c.model))
+        elif c.task == OTHER:
             continue
         elif c.kind == "dataset":
-            n = N_EXAMPLES[m["teacher"]]
+            n = N_EXAMPLES[c.teacher]
             _write(store, c, {"n_examples": n, "train_tokens": 30 * n, "mean_trace_tokens": 30.0})
         elif c.kind == "adapter":
             _write(store, c, {"steps": 10, "effective_batch": 8, "final_loss": 0.5})
         else:
-            wins, losses = flips[m["student"], m["regime"]][m["teacher"]]
-            _write_eval(store, c, _post_vector(m["student"], wins, losses))
+            wins, losses = flips[c.student, c.regime][c.teacher]
+            _write_eval(store, c, _post_vector(c.student, wins, losses))
 
 
 # --- independent re-computations -----------------------------------------------------------------
@@ -258,16 +260,16 @@ def test_gain_ci_is_a_paired_bootstrap_interval(built) -> None:
 def test_keys_point_at_the_cells_of_the_plan(built) -> None:
     exp, _, out, _ = built
     board = _board(out)
-    cells = plan.expand(exp)
-    base = plan.select(cells, role="baseline", model="s_b", task=TASK)[0]
+    cells = grids.expand(exp)
+    base = cells.select(role="baseline", model="s_b", task=TASK)[0]
     row = board.query(
         "row_type == 'distilled' and task == @TASK and student == 's_b' and teacher == 't_mid' "
         "and regime == 'intersection'"
     ).iloc[0]
     ev = next(c for c in cells if c.key == row.eval_key)
-    assert ev.meta["teacher"] == "t_mid" and ev.meta["regime"] == "intersection"
+    assert ev.teacher == "t_mid" and ev.regime == "intersection"
     assert row.adapter_key == ev.upstream[0] and row.baseline_key == base.key
-    traces = plan.select(cells, role="teacher", model="t_mid", task=TASK)
+    traces = cells.select(role="teacher", model="t_mid", task=TASK)
     assert row.traces_key in {c.key for c in traces if c.kind == "traces"}
 
 
@@ -287,10 +289,8 @@ def test_different_item_ids_are_an_error(tmp_path: Path) -> None:
     exp = _experiment(tmp_path)
     store = Store(exp.root)
     _populate(exp, store)
-    cell = plan.select(
-        plan.expand(exp), role="distilled", student="s_a", teacher="t_mid", task=TASK
-    )
-    target = next(c for c in cell if c.kind == "eval" and c.meta["regime"] == "per_teacher")
+    cell = grids.expand(exp).select(role="distilled", student="s_a", teacher="t_mid", task=TASK)
+    target = next(c for c in cell if c.kind == "eval" and c.regime == "per_teacher")
     shutil.rmtree(store.cell_dir("eval", target.key))
     _write_eval(store, target, _base_vector("s_a"), ids=[*IDS[:-1], "q99"])
     with pytest.raises(UserError, match=rf"{target.key}.*different test items.*q19.*q99"):

@@ -10,6 +10,7 @@ its completions are chosen per item so that the expected metrics are known in ad
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harness import evaluate, metric, plan, tasks
+from harness import evaluate, metric, tasks
+from harness import grid as grids
+from harness.cells import Cell
 from harness.cli import app
 from harness.config import Experiment, canonical
 from harness.engines import Request, Sample, Sampling
@@ -43,16 +46,16 @@ def experiment(root: Path, test_limit: int | None = None, **evaluate_cfg: Any) -
     })  # fmt: skip
 
 
-def student_cells(exp: Experiment) -> tuple[plan.CellSpec, plan.CellSpec, plan.CellSpec]:
+def student_cells(exp: Experiment) -> tuple[Cell, Cell, Cell]:
     """The student's baseline eval cell, its distilled eval cell, and that cell's adapter cell."""
-    cells = plan.expand(exp)
-    [baseline] = plan.select(cells, role="baseline", model="S")
-    [distilled] = [c for c in plan.select(cells, role="distilled") if c.kind == "eval"]
+    cells = grids.expand(exp)
+    [baseline] = cells.select(role="baseline", model="S")
+    [distilled] = cells.select(kind="eval", role="distilled")
     [adapter] = [c for c in cells if c.kind == "adapter" and c.key == distilled.upstream[0]]
     return baseline, distilled, adapter
 
 
-def make_adapter_cell(store: Store, cell: plan.CellSpec, model_dir: Path) -> Path:
+def make_adapter_cell(store: Store, cell: Cell, model_dir: Path) -> Path:
     """A complete adapter cell holding a rank-8 LoRA with random weights (so it changes outputs)."""
     import torch
     from peft import LoraConfig, get_peft_model
@@ -97,7 +100,7 @@ def evaluated(tmp_path_factory, student_dir: Path) -> dict[str, Any]:
             "results": results, "wall_s": wall}  # fmt: skip
 
 
-def cell_file(ev: dict, cell: plan.CellSpec, name: str) -> Path:
+def cell_file(ev: dict, cell: Cell, name: str) -> Path:
     return ev["store"].cell_dir("eval", cell.key) / name
 
 
@@ -253,7 +256,7 @@ def script(k: int, a: int, b: int, n: int) -> list[tuple[str, str]]:
     return [first] + [rest] * (n - 1)
 
 
-def sc_setup(root: Path) -> tuple[Experiment, Store, plan.CellSpec]:
+def sc_setup(root: Path) -> tuple[Experiment, Store, Cell]:
     exp = experiment(root, test_limit=40, decoding="self_consistency", n=3, temperature=0.7)
     baseline, _, _ = student_cells(exp)
     return exp, Store(exp.root), baseline
@@ -296,7 +299,7 @@ def test_what_each_eval_cell_is_served_by(tmp_path: Path) -> None:
     store = Store(exp.root)
     baseline, distilled, adapter = student_cells(exp)
     assert evaluate.served_by(store, baseline) == (None, None)
-    adhoc = plan.CellSpec("eval", baseline.key, baseline.config, (), {"adapter_dir": "/x/lora"})
+    adhoc = dataclasses.replace(baseline, upstream=(), role="adhoc", adapter_dir="/x/lora")
     assert evaluate.served_by(store, adhoc) == (None, "/x/lora")
     with store.open_cell("adapter", adapter.key, adapter.config, adapter.upstream) as c:
         (c.dir / "merged").mkdir()

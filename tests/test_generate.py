@@ -22,7 +22,10 @@ import pytest
 from test_engines import engine_for, tiny_model_dir
 
 from harness import answers, engines, generate, plan, tasks
+from harness import grid as grids
+from harness.cells import Cell
 from harness.config import Experiment
+from harness.schedule import RunOptions
 from harness.store import Store, read_jsonl
 
 TEACHER = "tiny"
@@ -45,13 +48,11 @@ def experiment(models: Path, results: Path, **generate_cfg) -> Experiment:
     )
 
 
-def traces_cells(exp: Experiment, task: str | None = None) -> list[plan.CellSpec]:
-    return [
-        c for c in plan.select(plan.expand(exp), model=TEACHER, task=task) if c.kind == "traces"
-    ]
+def traces_cells(exp: Experiment, task: str | None = None) -> list[Cell]:
+    return [c for c in grids.expand(exp).select(kind="traces", model=TEACHER, task=task)]
 
 
-def traces_path(exp: Experiment, cell: plan.CellSpec) -> Path:
+def traces_path(exp: Experiment, cell: Cell) -> Path:
     return Store(exp.root).cell_dir("traces", cell.key) / generate.TRACES
 
 
@@ -62,10 +63,12 @@ def models_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def reference(models_dir, tmp_path_factory) -> Experiment:
-    """An uninterrupted run of both tasks' traces through `plan.execute` (a real child process)."""
+    """An uninterrupted run of both tasks' traces through `plan.run` (a real child process)."""
     exp = experiment(models_dir, tmp_path_factory.mktemp("reference"))
     store = Store(exp.root)
-    counts = plan.execute(exp, traces_cells(exp), store, only="traces", log=lambda m: None)
+    counts = plan.run(
+        exp, store, traces_cells(exp), RunOptions(frozenset({"generate"})), log=lambda m: None
+    )
     assert counts["traces"] == 2
     return exp
 
@@ -73,8 +76,8 @@ def reference(models_dir, tmp_path_factory) -> Experiment:
 def test_traces_records_and_manifest(reference):
     store = Store(reference.root)
     for cell in traces_cells(reference):
-        task = tasks.load_task(cell.meta["task"])
-        items = tasks.load_items(task, "train", limit=LIMITS[cell.meta["task"]])
+        task = tasks.load_task(cell.task)
+        items = tasks.load_items(task, "train", limit=LIMITS[cell.task])
         records = read_jsonl(traces_path(reference, cell))
         assert [(r["id"], r["sample"]) for r in records] == [
             (it.id, k) for it in items for k in range(2)
@@ -127,9 +130,13 @@ def test_second_run_computes_nothing(reference):
     store = Store(reference.root)
     assert generate.run(reference, store, traces_cells(reference), progress=False) == {}
     assert (
-        plan.execute(reference, traces_cells(reference), store, only="traces", log=lambda m: None)[
-            "traces"
-        ]
+        plan.run(
+            reference,
+            store,
+            traces_cells(reference),
+            RunOptions(frozenset({"generate"})),
+            log=lambda m: None,
+        )["traces"]
         == 0
     )
 
@@ -142,11 +149,11 @@ def test_resume_after_sigkill_is_byte_identical(models_dir, reference, tmp_path)
     total = expected.count(b"\n")
     script = textwrap.dedent(f"""
         import sys
-        from harness import generate, plan
+        from harness import generate, grid
         from harness.config import Experiment
         from harness.store import Store
         exp = Experiment.model_validate_json(sys.argv[1])
-        cells = [c for c in plan.expand(exp) if c.key == {cell.key!r}]
+        cells = [c for c in grid.expand(exp) if c.key == {cell.key!r}]
         generate.run(exp, Store(exp.root), cells, progress=False, inprocess=False, chunk_seqs=4)
     """)
     proc = subprocess.Popen(

@@ -14,9 +14,10 @@ import pytest
 import yaml
 from helpers import TEST_TEACHERS, sandbox_grid
 
-from harness import analyze, plan
+from harness import analyze, grid, plan
 from harness.config import load_experiment
 from harness.sandbox import zoo
+from harness.schedule import RunOptions
 from harness.store import Store
 
 ray = pytest.importorskip("ray")
@@ -64,7 +65,7 @@ def test_ray_matches_local_and_survives_a_killed_worker(tmp_path):
         configs[name] = load_experiment(tmp_path / f"{name}.yaml")
 
     local = configs["local"]
-    plan.execute(local, plan.expand(local), Store(local.root))
+    plan.run(local, Store(local.root))
     analyze.run(local, Store(local.root))
 
     exp = configs["ray"]
@@ -74,14 +75,14 @@ def test_ray_matches_local_and_survives_a_killed_worker(tmp_path):
     watcher.start()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        counts = plan.run_all(exp, store, executor="ray")
+        counts = plan.run(exp, store, options=RunOptions(executor="ray"))
     finally:
         stop.set()
         ray.shutdown()
     assert killed, "the test never killed a worker"
-    assert sum(counts.values()) == len(plan.unique(plan.expand(exp)))
-    assert all(store.complete(c.kind, c.key) for c in plan.expand(exp))
-    traces = next(c for c in plan.expand(exp) if c.kind == "traces")
+    assert sum(counts.values()) == len(grid.expand(exp).unique())
+    assert all(store.complete(c.kind, c.key) for c in grid.expand(exp))
+    traces = next(c for c in grid.expand(exp) if c.kind == "traces")
     lines = (store.cell_dir("traces", traces.key) / "traces.jsonl").read_bytes()
     local_lines = (Store(local.root).cell_dir("traces", traces.key) / "traces.jsonl").read_bytes()
     assert lines == local_lines  # the retried cell resumed: nothing lost or duplicated

@@ -2,7 +2,7 @@
 
     .venv/bin/pytest tests/test_rescore.py
 
-Traces and eval cells of a test-zoo grid are written without an engine, at the keys `plan.expand`
+Traces and eval cells of a test-zoo grid are written without an engine, at the keys `grid.expand`
 gives, through the stages' own record and summary functions (`generate.trace_record`,
 `evaluate.record`, `evaluate.summarize`). Then the yes_no extractor gets a new version that reads
 yes as no and no as yes: traces and eval keys stay, the analysis and the dataset stage follow the
@@ -20,7 +20,9 @@ import pandas as pd
 import pytest
 from helpers import sandbox_grid
 
-from harness import analyze, answers, evaluate, generate, plan, tasks, train
+from harness import analyze, answers, dataset, evaluate, generate, plan, schedule, tasks
+from harness import grid as grids
+from harness.cells import Cell
 from harness.config import Experiment
 from harness.engines.base import Sample
 from harness.sandbox import zoo
@@ -48,13 +50,13 @@ def sample(text: str) -> Sample:
     return Sample(text, (7,) * 9, 30, "stop")
 
 
-def write_traces(exp: Experiment, store: Store, cell: plan.CellSpec) -> None:
+def write_traces(exp: Experiment, store: Store, cell: Cell) -> None:
     spec = tasks.load_task(TASK)
     items = tasks.load_items(spec, "train", limit=TRAIN_LIMIT)
     records = [
         generate.trace_record(spec, it, it.question, k, sample(completion(it, kind)), EXTRACTOR)
         for i, it in enumerate(items)
-        for k, kind in enumerate([kind_of(i, cell.meta["model"])] * N)
+        for k, kind in enumerate([kind_of(i, cell.model)] * N)
     ]
     summary = generate.summarize(records, n_items=len(items), n=N, tokens=0, gen_s=0.0)
     summary.update(extractor=EXTRACTOR, extractor_version=answers.EXTRACTORS[EXTRACTOR].version)
@@ -63,12 +65,12 @@ def write_traces(exp: Experiment, store: Store, cell: plan.CellSpec) -> None:
         c.finish(summary)
 
 
-def write_eval(exp: Experiment, store: Store, cell: plan.CellSpec) -> None:
+def write_eval(exp: Experiment, store: Store, cell: Cell) -> None:
     spec = tasks.load_task(TASK)
     items = tasks.load_items(spec, "test", limit=TEST_LIMIT)
     records = [
         evaluate.record(
-            spec, it, [sample(completion(it, kind_of(i, cell.meta["model"])))], EXTRACTOR, "greedy"
+            spec, it, [sample(completion(it, kind_of(i, cell.model)))], EXTRACTOR, "greedy"
         )
         for i, it in enumerate(items)
     ]
@@ -105,7 +107,7 @@ def bump(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-def grid(tmp_path: Path) -> tuple[Experiment, Store, list[plan.CellSpec]]:
+def grid(tmp_path: Path) -> tuple[Experiment, Store, list[Cell]]:
     """Every traces cell and every teacher and baseline eval cell of the grid, complete."""
     zoo.build(profile="test", progress=False)
     config = sandbox_grid(
@@ -120,7 +122,7 @@ def grid(tmp_path: Path) -> tuple[Experiment, Store, list[plan.CellSpec]]:
     store = Store(exp.root)
     made = [
         c
-        for c in plan.unique(plan.expand(exp))
+        for c in grids.expand(exp).unique()
         if c.kind == "traces" or c.kind == "eval" and not c.upstream
     ]
     for c in made:
@@ -149,14 +151,14 @@ def test_a_bump_keeps_traces_and_eval_keys_and_the_analysis_rescores(grid, monke
     assert teacher["teacher_acc"].to_dict() == {m: accuracy(m, {2, 3}) for m in TEACHERS}
     yields = {m: accuracy(m, {2, 3}, TRAIN_LIMIT) for m in TEACHERS}
     assert teacher["teacher_train_acc"].to_dict() == yields
-    datasets = {c.key for c in plan.expand(exp) if c.kind == "dataset"}
+    datasets = {c.key for c in grids.expand(exp) if c.kind == "dataset"}
 
     bump(monkeypatch)
-    after = plan.unique(plan.expand(exp))
+    after = grids.expand(exp).unique()
     same = [c for c in after if c.kind == "traces" or c.kind == "eval" and not c.upstream]
     assert [c.key for c in same] == [c.key for c in made]
     assert plan.missing(store, same) == []  # nothing to generate or evaluate again
-    assert [c for c in plan.todo(exp, after, store) if c in same] == []
+    assert [c for c in schedule.closure(after, after, store) if c in same] == []
     assert datasets.isdisjoint(c.key for c in after if c.kind == "dataset")
 
     rows, result, logs = board(exp, store)
@@ -191,19 +193,15 @@ def test_rescoring_a_results_directory_takes_seconds(grid, monkeypatch) -> None:
 
 def test_the_dataset_selects_by_the_current_extractor(grid, monkeypatch) -> None:
     exp, store, _ = grid
-    (before,) = [
-        c for c in plan.expand(exp) if c.kind == "dataset" and c.meta["teacher"] == "t-small"
-    ]
+    (before,) = [c for c in grids.expand(exp) if c.kind == "dataset" and c.teacher == "t-small"]
     traces_key = before.upstream[0]
-    assert train.build_dataset(exp, store, before)["rescored_traces_cells"] == 0
+    assert dataset.build(exp, store, before)["rescored_traces_cells"] == 0
 
     bump(monkeypatch)
-    (after,) = [
-        c for c in plan.expand(exp) if c.kind == "dataset" and c.meta["teacher"] == "t-small"
-    ]
+    (after,) = [c for c in grids.expand(exp) if c.kind == "dataset" and c.teacher == "t-small"]
     assert after.key != before.key and after.upstream == (traces_key,)
     assert after.config["extractor_version"] == before.config["extractor_version"] + 1
-    summary = train.build_dataset(exp, store, after)
+    summary = dataset.build(exp, store, after)
     assert summary["rescored_traces_cells"] == 1
 
     items = tasks.load_items(TASK, "train", limit=TRAIN_LIMIT)
@@ -229,7 +227,7 @@ def test_a_resumed_cell_is_rescored_before_it_goes_on(tmp_path, monkeypatch) -> 
         sandbox_grid("partial", tmp_path, train_limit=TRAIN_LIMIT, test_limit=TEST_LIMIT)
     )
     store = Store(exp.root)
-    partial = [c for c in plan.unique(plan.expand(exp)) if c.meta.get("model") == "t-small"]
+    partial = [c for c in grids.expand(exp).unique() if c.model == "t-small"]
     partial = [c for c in partial if c.kind == "traces" or c.kind == "eval" and not c.upstream]
     for c in partial:
         (write_traces if c.kind == "traces" else write_eval)(exp, store, c)

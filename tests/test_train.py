@@ -1,5 +1,5 @@
 """The training stage on a tiny random-init Llama (char tokenizer) on CPU: dataset regimes on cells
-from `plan.expand`, masking, batching, real training runs through the worker, resume after
+from `grid.expand`, masking, batching, real training runs through the worker, resume after
 SIGKILL, and the adapter served by vLLM and by transformers + peft.
 
     .venv/bin/pytest tests/test_train.py -q --durations=0
@@ -22,11 +22,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import plan, train
+from harness import dataset as datasets
+from harness import grid as grids
+from harness import schedule, train
+from harness.cells import Cell
 from harness.config import Experiment, TrainConfig
 from harness.errors import UserError
-from harness.plan import CellSpec
 from harness.sandbox.random_model import random_llama
+from harness.schedule import Events
 from harness.store import Store, read_jsonl
 
 END = "<|end|>"
@@ -72,12 +75,12 @@ def experiment(model_dir: Path, root: Path, teachers: list[str], **train: Any) -
     )
 
 
-def cells(exp: Experiment) -> dict[tuple[str, str, str | None], CellSpec]:
-    """plan.expand's traces, dataset and adapter cells by (kind, teacher, regime)."""
+def cells(exp: Experiment) -> dict[tuple[str, str, str | None], Cell]:
+    """grid.expand's traces, dataset and adapter cells by (kind, teacher, regime)."""
     out = {}
-    for c in plan.expand(exp):
+    for c in grids.expand(exp):
         if c.kind in ("traces", "dataset", "adapter"):
-            out[c.kind, c.meta.get("teacher", c.meta["model"]), c.meta.get("regime")] = c
+            out[c.kind, getattr(c, "teacher", None) or c.model, getattr(c, "regime", None)] = c
     return out
 
 
@@ -98,7 +101,7 @@ def trace(qid: str, completion: str, correct: bool = True, **fields: Any) -> dic
     }
 
 
-def add_traces(store: Store, cell: CellSpec, records: list[dict]) -> None:
+def add_traces(store: Store, cell: Cell, records: list[dict]) -> None:
     with store.open_cell("traces", cell.key, cell.config) as c:
         c.write_text("traces.jsonl", "".join(json.dumps(r) + "\n" for r in records))
         c.finish()
@@ -176,7 +179,7 @@ def built(
     exp, store = regimes
     exp = exp.model_copy(update={"train": exp.train.model_copy(update={"matched_by": matched_by})})
     cell = cells(exp)["dataset", teacher, regime]
-    summary = train.build_dataset(exp, store, cell)
+    summary = datasets.build(exp, store, cell)
     assert store.complete("dataset", cell.key)
     return summary, read_jsonl(store.cell_dir("dataset", cell.key) / "examples.jsonl")
 
@@ -222,21 +225,24 @@ def test_matched_gives_every_teacher_the_same_budget(regimes: tuple) -> None:
 def test_a_teacher_without_usable_traces_gives_an_empty_set_and_no_adapter(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from harness import plan
-
     exp = experiment(tiny_model, tmp_path, ["W"])
     store, grid = Store(exp.root), cells(exp)
     add_traces(store, grid["traces", "W", None], [trace("q1", "1", correct=False)])
     dataset = grid["dataset", "W", "per_teacher"]
-    summary = train.build_dataset(exp, store, dataset)
+    summary = datasets.build(exp, store, dataset)
     assert summary["n_examples"] == 0 and store.complete("dataset", dataset.key)
-    assert plan.empty_dataset(store, dataset.key)
+    assert schedule.empty_dataset(store, dataset.key)
     adapter = next(
-        c for c in plan.expand(exp) if c.kind == "adapter" and c.upstream == (dataset.key,)
+        c for c in grids.expand(exp) if c.kind == "adapter" and c.upstream == (dataset.key,)
     )
     logged: list[str] = []
-    assert plan.skip(store, adapter, set(), logged.append)
-    assert "left no training examples" in logged[0]
+    sched = schedule.Schedule(
+        [dataset, adapter], [adapter], store, None, Events(store, logged.append)
+    )
+    assert sched.ready(lowest_phase=True, share_workers=True) == []
+    assert adapter.key in sched.skipped and "left no training examples" in logged[0]
+    [skip] = [e for e in schedule.read_events(store) if e["event"] == "skip"]
+    assert skip["cell"] == adapter.key and skip["reason"] == "its teacher left no training examples"
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -256,7 +262,7 @@ TRAIN = {
 @pytest.fixture(scope="module")
 def toy(
     tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Experiment, Store, CellSpec]:
+) -> tuple[Experiment, Store, Cell]:
     """One teacher's traces on a learnable toy task, built into its dataset cell; the adapter cell."""
     exp = experiment(tiny_model, tmp_path_factory.mktemp("toy"), ["T"], **TRAIN)
     store, grid = Store(exp.root), cells(exp)
@@ -268,15 +274,20 @@ def toy(
     records = [trace(q, c, prompt=q) for q, c in sums]
     records.append(trace("long", "9" * 80))  # longer than max_length: dropped
     add_traces(store, grid["traces", "T", None], records)
-    train.build_dataset(exp, store, grid["dataset", "T", "per_teacher"])
+    datasets.build(exp, store, grid["dataset", "T", "per_teacher"])
     return exp, store, grid["adapter", "T", "per_teacher"]
 
 
 @pytest.fixture(scope="module")
 def trained(toy: tuple) -> tuple[Path, dict]:
+    """The toy adapter trained with train.merge: another cell than the unmerged one (merge
+    changes the cell's files, so it is part of its key), on the same dataset."""
     exp, store, adapter = toy
-    summary = train.run(exp, store, adapter, merge=True)
-    return store.cell_dir("adapter", adapter.key), summary
+    merged = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
+    (cell,) = grids.expand(merged).select(kind="adapter")
+    assert cell.key != adapter.key and cell.upstream == adapter.upstream and cell.merge
+    summary = train.run(merged, store, [cell])[cell.key]
+    return store.cell_dir("adapter", cell.key), summary
 
 
 def test_training_lowers_the_loss_and_writes_a_complete_cell(trained: tuple) -> None:
@@ -312,7 +323,7 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
     cell = dataclasses.replace(adapter, key="f" * 20)  # the same config in a directory of its own
     cell_dir = store.cell_dir("adapter", cell.key)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        first = pool.submit(train.run, exp, store, cell)
+        first = pool.submit(train.run, exp, store, [cell])
         deadline = time.time() + 300
         while (
             not list((cell_dir / "checkpoints").glob("step-*"))
@@ -326,7 +337,7 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
             first.result()
     assert not (cell_dir / "adapter").exists() and not (cell_dir / "manifest.json").exists()
     killed_at = len(read_jsonl(cell_dir / "train_log.jsonl"))
-    summary = train.run(exp, store, cell)
+    summary = train.run(exp, store, [cell])[cell.key]
     assert summary["resumed_from"] in (10, 20, 30) and summary["resumed_from"] <= killed_at
     assert [r["step"] for r in read_jsonl(cell_dir / "train_log.jsonl")] == list(range(1, 41))
     assert summary["final_loss"] == trained[1]["final_loss"]
@@ -347,7 +358,7 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
     launches = []
     real_run = train._run_worker
     monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
-    summaries = train.run_many(exp, store, cells)
+    summaries = train.run(exp, store, cells)
     assert len(launches) == 1 and launches[0].count("--cell-dir") == 2
     alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
     for c in cells:
@@ -358,9 +369,7 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
         assert shared.keys() == alone.keys()
         assert all(torch.equal(shared[n], w) for n, w in alone.items())
         assert summaries[c.key]["final_loss"] == trained[1]["final_loss"]
-    assert (
-        train.run_many(exp, store, cells) == summaries and len(launches) == 1
-    )  # complete: no work
+    assert train.run(exp, store, cells) == summaries and len(launches) == 1  # complete: no work
 
 
 def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float = 300) -> None:
@@ -386,7 +395,7 @@ def test_a_kill_during_a_group_keeps_the_cells_it_finished(
     cells = [dataclasses.replace(adapter, key=k * 20) for k in "12"]
     second = store.cell_dir("adapter", cells[1].key)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        run = pool.submit(train.run_many, exp, store, cells)
+        run = pool.submit(train.run, exp, store, cells)
         _kill_worker_when(lambda: (second / "train_log.jsonl").exists(), run)
     assert store.complete("adapter", cells[0].key) and not store.complete("adapter", cells[1].key)
     manifest = store.manifest("adapter", cells[0].key)
@@ -395,7 +404,7 @@ def test_a_kill_during_a_group_keeps_the_cells_it_finished(
     launches = []
     real_run = train._run_worker
     monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
-    train.run_many(exp, store, cells)
+    train.run(exp, store, cells)
     assert len(launches) == 1 and launches[0].count("--cell-dir") == 1  # the second cell only
     alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
     for c in cells:
@@ -419,9 +428,9 @@ def test_time_based_checkpoints_resume_to_the_same_weights(toy: tuple, trained: 
     cell = dataclasses.replace(adapter, key="c" * 20, config=config)
     cell_dir = store.cell_dir("adapter", cell.key)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        run = pool.submit(train.run, fast, store, cell)
+        run = pool.submit(train.run, fast, store, [cell])
         _kill_worker_when(lambda: bool(list((cell_dir / "checkpoints").glob("step-*"))), run)
-    summary = train.run(fast, store, cell)
+    summary = train.run(fast, store, [cell])[cell.key]
     assert summary["resumed_from"] is not None and 0 < summary["resumed_from"] < 40
     resumed = load_file(cell_dir / "adapter" / "adapter_model.safetensors")
     uninterrupted = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
@@ -433,7 +442,7 @@ def test_checkpoint_seconds_is_not_part_of_the_adapter_key(toy: tuple) -> None:
     other = exp.model_copy(
         update={"train": exp.train.model_copy(update={"checkpoint_seconds": 5.0})}
     )
-    keys = [c.key for c in plan.expand(other) if c.kind == "adapter"]
+    keys = [c.key for c in grids.expand(other) if c.kind == "adapter"]
     assert keys == [adapter.key] and "checkpoint_seconds" not in adapter.config["train"]
 
 
@@ -449,7 +458,7 @@ def test_two_processes_train_through_accelerate_launch(
     launches = []
     real_run = train._run_worker
     monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
-    summary = train.run(exp, store, cell)
+    summary = train.run(exp, store, [cell])[cell.key]
     (cmd,) = launches
     assert "accelerate.commands.launch" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
     assert (summary["steps"], summary["effective_batch"]) == (12, 2 * 8 * 2)
@@ -516,7 +525,7 @@ def test_run_needs_a_complete_dataset(toy: tuple) -> None:
     exp, store, adapter = toy
     orphan = dataclasses.replace(adapter, key="e" * 20, upstream=("0" * 20,))
     with pytest.raises(UserError, match="not complete"):
-        train.run(exp, store, orphan)
+        train.run(exp, store, [orphan])[orphan.key]
 
 
 # --- serving the adapter ------------------------------------------------------------------------

@@ -182,4 +182,17 @@ class VllmEngine(Engine):
             raise RuntimeError(f"vLLM finished with {left} of {len(ids)} requests unanswered")
 
     def close(self) -> None:
+        """Free the engine and vLLM's process-wide distributed state, as vLLM documents for an
+        engine shut down in a process that goes on: a later engine in this process (an in-process
+        caller's next model) then starts clean instead of finding stale process groups."""
+        import gc
+
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
         self.llm = None
+        gc.collect()
+        destroy_model_parallel()
+        destroy_distributed_environment()

@@ -1,0 +1,260 @@
+"""Cells: the unit of work and of storage. One frozen spec per kind.
+
+A kind names an artefact, a stage the verb that computes it, a phase its position in a run:
+
+    phase  stage     kind      what
+    1      generate  traces    a teacher's CoT samples on a task's train split
+    2      evaluate  eval      a teacher or a student baseline on the test split (no adapter)
+    3      train     dataset   the examples a regime selects from teacher traces
+    4      train     adapter   a student fine-tuned on a dataset, one per seed
+    5      evaluate  eval      a distilled student (an adapter) on the test split
+
+A spec carries its identity (`config`, what its key hashes, with the engine or package versions),
+its inputs (`upstream` keys), and the typed names a reader needs (model, task, role, teacher,
+regime, seed). Building a spec computes its key and nothing else: no store, no stage, no engine.
+Identity rule: a field added to an identity after keys were published is left out at its old
+value, so a cell computed before the addition keeps its key (train.merge, the sandbox generator
+version).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, ClassVar, Literal
+
+from harness import answers, models, regimes
+from harness.config import Experiment, TrainConfig, canonical
+from harness.store import cell_key, package_versions, vllm_version
+
+KINDS = ("traces", "eval", "dataset", "adapter")
+STAGES = ("generate", "train", "evaluate")
+STAGE_OF_KIND = {"traces": "generate", "dataset": "train", "adapter": "train", "eval": "evaluate"}
+PHASES = {  # phase -> (stage, title)
+    1: ("generate", "teacher traces"),
+    2: ("evaluate", "teacher and baseline evals"),
+    3: ("train", "training sets"),
+    4: ("train", "LoRA adapters"),
+    5: ("evaluate", "distilled evals"),
+}
+TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
+Role = Literal["teacher", "baseline", "distilled", "adhoc"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # a cell is itself: compared and hashed by identity
+class Cell:
+    """What every kind has: `config` is what the key hashes; `model` is the model the cell runs
+    (the teacher of traces, the evaluated model, the student a dataset or adapter is for)."""
+
+    kind: ClassVar[str]
+    phase: ClassVar[int]
+    key: str
+    config: dict[str, Any]
+    upstream: tuple[str, ...]
+    model: str
+    task: str
+
+    @property
+    def limit(self) -> int | None:
+        """How many of the task split's items the cell reads (None: all)."""
+        return self.config["task"]["limit"]
+
+    @property
+    def extractor(self) -> str:
+        return self.config["task"]["extractor"]
+
+    @property
+    def stage(self) -> str:
+        return STAGE_OF_KIND[self.kind]
+
+    @property
+    def label(self) -> str:
+        names = ("role", "model", "teacher", "task", "regime", "seed")
+        parts = [getattr(self, k, None) for k in names]
+        return f"{self.kind}:" + "/".join(str(p) for p in parts if p is not None)
+
+    def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
+        """What the cell's group asks of a scheduler: the model's `resources`, or from its size."""
+        spec = exp.model(self.model)
+        r, e = spec.resources, spec.engine
+        parallel = e.tensor_parallel_size * e.pipeline_parallel_size * e.data_parallel_size
+        gpus = r.gpus if r.gpus is not None else float(self._parallel(exp, parallel))
+        memory = r.memory_gb
+        if memory is None and spec.size:
+            memory = round(spec.size * 2 * 1.3 / 2**30 + 2, 1)  # bf16 weights + 30% + runtime
+        return {"gpus": gpus if gpus_available else 0.0, "cpus": r.cpus, "memory_gb": memory or 0.0}
+
+    def _parallel(self, exp: Experiment, engine_parallel: int) -> int:
+        return engine_parallel
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Traces(Cell):
+    kind: ClassVar[str] = "traces"
+    phase: ClassVar[int] = 1
+    role: Role = "teacher"
+
+    @classmethod
+    def of(cls, exp: Experiment, ident: dict, teacher: str, task: str) -> Traces:
+        config = {"model": ident, "task": task_identity(exp, task, "train")}
+        config["generate"] = canonical(exp.generate)
+        key = cell_key("traces", config, (), engine_versions(exp.generate.engine))
+        return cls(key, config, (), teacher, task)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eval(Cell):
+    """A teacher, a baseline, a distilled student (its adapter is `upstream[0]`), or an ad-hoc
+    adapter directory (`adapter_dir`, outside the grid)."""
+
+    kind: ClassVar[str] = "eval"
+    role: Role = "baseline"
+    teacher: str | None = None
+    regime: str | None = None
+    seed: int | None = None
+    adapter_dir: str | None = None
+
+    @property
+    def phase(self) -> int:  # type: ignore[override]
+        return 5 if self.upstream else 2
+
+    @property
+    def student(self) -> str | None:
+        return self.model if self.role in ("baseline", "distilled") else None
+
+    @classmethod
+    def of(
+        cls,
+        exp: Experiment,
+        ident: dict,
+        model: str,
+        task: str,
+        adapter: Any = None,
+        **names: Any,
+    ) -> Eval:
+        """`adapter`: the Adapter cell scored, or an ad-hoc adapter's identity (a dict)."""
+        from_grid = isinstance(adapter, Adapter)
+        config = {
+            "model": ident,
+            "adapter": adapter.key if from_grid else adapter,
+            "task": task_identity(exp, task, "test"),
+            "evaluate": canonical(exp.evaluate),
+        }
+        up = (adapter.key,) if from_grid else ()
+        key = cell_key("eval", config, up, engine_versions(exp.evaluate.engine))
+        return cls(key, config, up, model, task, **names)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Distilling(Cell):
+    """A cell of a student's distillation from one teacher's traces; `model` is the student."""
+
+    teacher: str = ""
+    regime: str = "per_teacher"
+
+    @property
+    def student(self) -> str:
+        return self.model
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Dataset(_Distilling):
+    """The training examples of one (student, teacher, task, regime)."""
+
+    kind: ClassVar[str] = "dataset"
+    phase: ClassVar[int] = 3
+
+    def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
+        return {"gpus": 0.0, "cpus": 1.0, "memory_gb": 0.0}  # selection and tokenization only
+
+    @classmethod
+    def of(
+        cls,
+        exp: Experiment,
+        ident: dict,
+        student: str,
+        teacher: str,
+        task: str,
+        regime: str,
+        traces: dict[str, Traces],
+    ) -> Dataset:
+        up = regimes.inputs(regime, traces[teacher].key, [c.key for c in traces.values()])
+        task_id = task_identity(exp, task, "train")
+        config = {
+            "student": ident,
+            "task": task_id,
+            "regime": regime,
+            "teacher": traces[teacher].key,
+            "teachers": sorted(up),
+            "max_length": exp.train.max_length,
+            **regimes.key_fields(regime, exp.train),
+            # the dataset selects by the current extractor's verdicts: a version bump rebuilds it
+            "extractor_version": answers.EXTRACTORS[task_id["extractor"]].version,
+        }
+        return cls(cell_key("dataset", config, up, {}), config, up, student, task, teacher, regime)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Adapter(_Distilling):
+    """A student trained on a dataset (`upstream[0]`) with one seed."""
+
+    kind: ClassVar[str] = "adapter"
+    phase: ClassVar[int] = 4
+    seed: int = 0
+
+    @functools.cached_property
+    def train(self) -> TrainConfig:
+        """The training config the key was made from (what the stage trains with)."""
+        return TrainConfig.model_validate(self.config["train"])
+
+    @property
+    def merge(self) -> bool:
+        return self.train.merge
+
+    def _parallel(self, exp: Experiment, engine_parallel: int) -> int:
+        return exp.train.num_processes
+
+    @classmethod
+    def of(cls, exp: Experiment, ident: dict, dataset: Dataset, seed: int) -> Adapter:
+        settings = canonical(exp.train.model_copy(update={"seeds": (), "regimes": ()}))
+        # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
+        # the key. (checkpoint_every predates this rule and stays in the key.)
+        settings.pop("checkpoint_seconds")
+        if not settings["merge"]:
+            settings.pop("merge")  # added after keys were published: left out at its old value
+        config = {"student": ident, "train": settings, "seed": seed}
+        up = (dataset.key,)
+        key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
+        d = dataset
+        return cls(key, config, up, d.model, d.task, d.teacher, d.regime, seed)
+
+
+def engine_versions(engine: str) -> dict[str, str]:
+    if engine == "vllm":
+        return {"vllm": vllm_version(), **package_versions(["transformers"])}
+    return package_versions(["torch", "transformers", "peft"])
+
+
+@functools.lru_cache(maxsize=4096)  # a large grid asks for a few identities thousands of times
+def task_identity(exp: Experiment, name: str, split: str) -> dict[str, Any]:
+    """What identifies a task's items and scoring in a key. The extractor's name (it picks the
+    answer type), not its version: traces and eval cells keep their completions when extraction
+    changes and are re-scored where they are read, so a version bump regenerates nothing."""
+    from harness import tasks
+
+    ref, spec = exp.task(name), tasks.load_task(name)
+    ident = {
+        "name": name,
+        "version": spec.version,
+        "split": split,
+        "limit": ref.train_limit if split == "train" else ref.test_limit,
+        "extractor": exp.evaluate.extractor or spec.extractor,
+    }
+    generator = tasks.source_version(spec)
+    if generator not in (None, 1):  # added after keys were published: left out at its old value
+        ident["source_version"] = generator
+    return ident
+
+
+def model_identities(exp: Experiment) -> dict[str, dict[str, Any]]:
+    return {m.name: models.identity(m) for m in (*exp.teachers, *exp.students)}

@@ -1,0 +1,118 @@
+"""Stage: training sets. A dataset cell selects a teacher's usable traces under its regime
+(harness/regimes.py), renders them for the student (its tokenizer and chat template, as
+evaluation renders prompts) and writes `examples.jsonl` with a summary.
+
+    cotgap train configs/sandbox.yaml     # datasets, then adapters
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness import models, regimes, tasks
+from harness.cells import Dataset
+from harness.config import Experiment
+from harness.errors import UserError
+from harness.store import Store, read_jsonl
+
+
+def load_tokenizer(model_dir: str, chat_template: bool, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if tok.eos_token_id is None:
+        raise UserError(
+            f"{model_dir}: the tokenizer has no EOS token; a student must learn to stop."
+        )
+    if chat_template and not tok.chat_template:
+        raise UserError(
+            f"{model_dir}: no chat template in the tokenizer; set chat_template: false."
+        )
+    return tok
+
+
+def encode(tok: Any, prompt: str, completion: str, chat_template: bool) -> tuple[list[int], int]:
+    """Token ids of prompt + completion + EOS as the student sees them, and how many are prompt.
+
+    The prompt is rendered as evaluation renders it (chat template, or raw text with the tokenizer's
+    own special tokens); the completion is tokenized on its own so the boundary is exact."""
+    if chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
+    else:
+        prompt_ids = tok(prompt)["input_ids"]
+    completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+    return [*prompt_ids, *completion_ids, tok.eos_token_id], len(prompt_ids)
+
+
+def _traces(exp: Experiment, store: Store, cell: Dataset) -> tuple[dict[str, list[dict]], int]:
+    """Usable traces of every teacher a dataset cell draws on, by trace cell key (its teacher's
+    key is config["teacher"]; every key it reads is in `upstream`), and how
+    many traces cells were re-scored: one scored by an earlier extractor version is re-scored
+    from its completions, so the selection follows the current extractor's verdicts."""
+    out, rescored = {}, 0
+    for key in cell.upstream:
+        d = store.cell_dir("traces", key)
+        if not store.complete("traces", key):
+            raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
+        if tasks.rescore_due(store.manifest("traces", key).get("summary") or {}):
+            out[key], rescored = _usable(tasks.rescore_cell(d, exp.data_dir)), rescored + 1
+        else:
+            out[key] = _usable(read_jsonl(d / "traces.jsonl"))
+    return out, rescored
+
+
+def _usable(records: list[dict]) -> list[dict]:
+    """Correct traces whose generation finished: a truncated one is never an answer."""
+    return [r for r in records if r.get("correct") and r.get("finish_reason") != "length"]
+
+
+def _render(records: list[dict], tok: Any, chat: bool, max_length: int) -> tuple[list[dict], int]:
+    """Training examples of `records`, and how many were dropped (never truncated) as over-long."""
+    kept, dropped = [], 0
+    for r in records:
+        ids, n_prompt = encode(tok, r["prompt"], r["completion"], chat)
+        if len(ids) > max_length:
+            dropped += 1
+            continue
+        example = {k: r[k] for k in ("id", "sample", "prompt", "completion")}
+        kept.append({**example, "n_tokens": len(ids), "n_completion_tokens": len(ids) - n_prompt})
+    return kept, dropped
+
+
+def run(exp: Experiment, store: Store, cells: list[Dataset]) -> dict[str, dict]:
+    """Build dataset cells; returns their summaries by key."""
+    return {c.key: build(exp, store, c) for c in cells if not store.complete(c.kind, c.key)}
+
+
+def build(exp: Experiment, store: Store, cell: Dataset) -> dict:
+    """Select, render and write the training examples of one dataset cell; returns its summary."""
+    cfg = cell.config
+    student = exp.model(cell.student)
+    tok = load_tokenizer(models.resolve(student), student.chat_template, student.trust_remote_code)
+    usable, rescored = _traces(exp, store, cell)
+    examples, dropped = regimes.select(
+        cell.regime,
+        cfg["teacher"],
+        usable,
+        lambda rs: _render(rs, tok, student.chat_template, cfg["max_length"]),
+        cfg["matched_by"],
+    )
+    # An empty set is a result (the teacher solved nothing usable), not an error: the cell completes
+    # with n_examples 0, and the scheduler skips the adapter and eval cells downstream of it.
+    completion_tokens = sum(e["n_completion_tokens"] for e in examples)
+    summary = {
+        "n_examples": len(examples),
+        "n_dropped_overlong": dropped,
+        "train_tokens": sum(e["n_tokens"] for e in examples),
+        "completion_tokens": completion_tokens,
+        "mean_trace_tokens": completion_tokens / len(examples) if examples else 0.0,
+        "n_questions": len({e["id"] for e in examples}),
+        "rescored_traces_cells": rescored,
+    }
+    with store.open_cell("dataset", cell.key, cell.config, cell.upstream) as out:
+        out.write_text("examples.jsonl", "".join(json.dumps(e) + "\n" for e in examples))
+        out.finish(summary, packages=("transformers",))
+    return summary

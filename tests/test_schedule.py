@@ -1,0 +1,146 @@
+"""The scheduler, on a fake stage table: order, grouping, resume, `--only`, skips and events.
+
+The stage functions here are fakes (no engine or training runs): each completes its cells in the
+real store, recording the groups it was handed, so the ready loop is tested on its own. The real
+stages run through the same loop in tests/test_pipeline.py and tests/test_ray.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import grid, schedule
+from harness.cells import Cell
+from harness.config import Experiment, load_experiment
+from harness.errors import UserError
+from harness.store import Store
+
+CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
+
+
+class FakeStages(dict):
+    """A stage table whose functions complete their cells and record each call's group; the
+    dataset of `empty_teacher` (if any) is built with no examples."""
+
+    def __init__(self, empty_teacher: str | None = None) -> None:
+        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        self.calls: list[tuple[str, list[str]]] = []
+        self.empty = empty_teacher
+
+    def _stage(self, exp: Experiment, store: Store, cells: list[Cell]) -> None:
+        self.calls.append((cells[0].kind, [c.key for c in cells]))
+        for c in cells:
+            empty = c.kind == "dataset" and c.teacher == self.empty
+            summary = {"n_examples": 0 if empty else 5}
+            with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
+                out.finish(summary)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Experiment, grid.Grid, Store]:
+    exp = load_experiment(CONFIG).model_copy(update={"results_dir": str(tmp_path)})
+    return exp, grid.expand(exp), Store(exp.root)
+
+
+def run(exp, g, store, wanted=None, only=None, table=None, **kw):
+    table = table if table is not None else FakeStages()
+    sched = schedule.Schedule(g, g if wanted is None else wanted, store, only, **kw)
+    counts = schedule.run_local(exp, store, sched, table)
+    return table, counts
+
+
+def test_local_runs_phase_by_phase_with_one_group_per_model_and_one_training_worker(setup):
+    exp, g, store = setup
+    stages, counts = run(exp, g, store)
+    phases = [g.by_key()[keys[0]].phase for _, keys in stages.calls]
+    assert phases == sorted(phases) and set(phases) == {1, 2, 3, 4, 5}
+    by_kind = [(k, len(keys)) for k, keys in stages.calls]
+    # traces: one group per teacher; pre-evals: one per model; every adapter in one worker;
+    # distilled evals: one session for the student
+    assert by_kind[:2] == [("traces", 1), ("traces", 1)]
+    assert [n for k, n in by_kind if k == "adapter"] == [6]
+    assert [n for k, n in by_kind if k == "eval" and n > 1] == [6]
+    assert counts == {"traces": 2, "eval": 9, "dataset": 6, "adapter": 6}
+    assert all(store.complete(c.kind, c.key) for c in g)
+    events = schedule.read_events(store)
+    assert [e["phase"] for e in events if e["event"] == "phase_done"] == [1, 2, 3, 4, 5]
+    assert events[-1]["event"] == "run_done" and events[-1]["counts"] == counts
+
+
+def test_a_second_run_hands_nothing_to_a_stage(setup):
+    exp, g, store = setup
+    run(exp, g, store)
+    stages, counts = run(exp, g, store)
+    assert stages.calls == [] and sum(counts.values()) == 0
+
+
+def test_wanted_cells_pull_in_their_missing_inputs_only(setup):
+    exp, g, store = setup
+    (target,) = g.select(kind="eval", role="distilled", teacher="t-small", regime="per_teacher")
+    stages, _ = run(exp, g, store, wanted=[target])
+    ran = [key for _, keys in stages.calls for key in keys]
+    d = g.distilled["sandbox_coin_flip", "stu", "t-small", "per_teacher", 0]
+    assert ran == [d.traces.key, d.dataset.key, d.adapter.key, d.eval.key]
+
+
+def test_only_keeps_stages_and_skips_cells_whose_inputs_are_missing(setup):
+    exp, g, store = setup
+    said: list[str] = []
+    events = schedule.Events(store, said.append)
+    stages, counts = run(exp, g, store, only=frozenset({"train"}), events=events)
+    assert stages.calls == [] and sum(counts.values()) == 0
+    [blocked] = [e for e in schedule.read_events(store) if e["event"] == "blocked"]
+    assert len(blocked["cells"]) == 12 and "run the earlier stages first" in said[0]
+    run(exp, g, store, only=frozenset({"generate"}))
+    stages, counts = run(exp, g, store, only=frozenset({"train"}))
+    assert counts == {"traces": 0, "eval": 0, "dataset": 6, "adapter": 6}
+
+
+def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup):
+    exp, g, store = setup
+    stages, counts = run(exp, g, store, table=FakeStages(empty_teacher="t-large"))
+    skips = [e for e in schedule.read_events(store) if e["event"] == "skip"]
+    empty = {c.key for c in g.select(kind="adapter", teacher="t-large")}
+    assert {e["cell"] for e in skips if e["kind"] == "adapter"} == empty
+    assert {e["reason"] for e in skips if e["kind"] == "adapter"} == {
+        "its teacher left no training examples"
+    }
+    assert sum(e["kind"] == "eval" for e in skips) == 3  # their evals: input skipped
+    assert counts["adapter"] == 3 and counts["eval"] == 2 + 1 + 3
+
+
+def test_the_ready_loop_without_phases_starts_independent_groups_at_once(setup):
+    """The Ray executor's loop: every ready group at once, one adapter a group; a dataset is
+    ready only when every traces cell it reads is done."""
+    _, g, store = setup
+    sched = schedule.Schedule(g, g, store)
+    first = sched.ready(lowest_phase=False, share_workers=False)
+    assert {grp.phase for grp in first} == {1, 2}  # traces and the pre-evals: no inputs
+    assert sched.ready(lowest_phase=False, share_workers=False) == []  # nothing new is ready
+    stages = FakeStages()
+    traces = [grp for grp in first if grp.kind == "traces"]
+    schedule.run_group(None, store, traces[0], stages)
+    sched.finish(traces[0], 0.0)
+    ready = sched.ready(lowest_phase=False, share_workers=False)
+    # per_teacher datasets of the finished teacher; intersection and matched wait for both
+    assert [c.regime for grp in ready for c in grp.cells] == ["per_teacher"]
+    schedule.run_group(None, store, traces[1], stages)
+    sched.finish(traces[1], 0.0)
+    ready = sched.ready(lowest_phase=False, share_workers=False)
+    assert sorted(c.regime for grp in ready for c in grp.cells) == [
+        "intersection",
+        "intersection",
+        "matched",
+        "matched",
+        "per_teacher",
+    ]
+
+
+def test_only_names_stages_and_rejects_anything_else() -> None:
+    assert schedule.parse_only("generate,train") == {"generate", "train"}
+    assert schedule.parse_only(None) is None
+    for wrong in ("traces", "eval", "", "train,trian"):
+        with pytest.raises(UserError, match="is not a stage"):
+            schedule.parse_only(wrong)
