@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import answers, engines, stats, tasks
+from harness import answers, engines, scoring, stats, tasks
 from harness.config import AnalysisConfig, EvalConfig, Experiment
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.engines.base import adapter_rank
@@ -165,7 +165,7 @@ def _evaluate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         c.write_text(EVAL_CONFIG, eval_config_json(cell.config["evaluate"]))
-        tasks.rescore_partial(c.dir, exp.data_dir)
+        scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(PREDICTIONS)
         records = _resumable(out.records, items, c.dir)
         engines.emit({"skipped": len(records) * ev.n})
@@ -250,7 +250,7 @@ def record(
 ) -> dict[str, Any]:
     """The predictions.jsonl record of one item: its completion(s), token counts and scores."""
     scored = [
-        tasks.score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
+        scoring.score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
         for s in samples
     ]
     if decoding == "greedy":
@@ -265,9 +265,9 @@ def record(
             **{k: r[k] for k in ("strict", "flexible", "strict_correct", "flexible_correct")},
             "correct": r["correct"],
             "truncated": r["truncated"],
-            **{k: r[k] for k in tasks.READING_FIELDS},
+            **{k: r[k] for k in scoring.READING_FIELDS},
         }
-    # self-consistency: one vote per sample on each reading; equivalence as tasks.score judges it
+    # self-consistency: one vote per sample on each reading; equivalence as scoring.score judges it
     kind = answers.get_extractor(extractor).answer_types[0]
     strict = stats.majority_vote([r["strict"] for r in scored])
     flexible = stats.majority_vote([r["flexible"] for r in scored])
@@ -282,43 +282,20 @@ def record(
         "gold": item.gold,
         "sample_strict": [r["strict"] for r in scored],
         "sample_flexible": [r["flexible"] for r in scored],
-        **{f"sample_{k}": [r[k] for r in scored] for k in tasks.READING_FIELDS},
+        **{f"sample_{k}": [r[k] for r in scored] for k in scoring.READING_FIELDS},
         "strict": strict,
         "flexible": flexible,
         "strict_correct": strict_ok,
         "flexible_correct": flexible_ok,
-        "correct": strict_ok if task.headline == "strict" else flexible_ok,
+        "correct": scoring.verdict(task.headline, strict_ok, flexible_ok),
         "truncated": all(r["truncated"] for r in scored),
     }
 
 
-def rates(records: list[dict], headline: str) -> dict[str, Any]:
-    """Accuracies and failure rates of scored records (greedy or self-consistency).
-
-    format_failure_rate: items with no headline answer that were not cut at max_tokens, so that
-    an item is exactly one of correct, wrong, format failure, truncated. truncation_rate and
-    mean_completion_tokens count completions (n per item under self-consistency).
-    """
-    n = len(records)
-    if n == 0:
-        raise ValueError("no records to summarise")
-    finishes = [f for r in records for f in r.get("finish_reasons", [r.get("finish_reason")])]
-    lengths = [t for r in records for t in _as_list(r.get("completion_tokens"))]
-    return {
-        "n": n,
-        "headline": headline,
-        "accuracy": sum(bool(r["correct"]) for r in records) / n,
-        "strict_accuracy": sum(bool(r["strict_correct"]) for r in records) / n,
-        "flexible_accuracy": sum(bool(r["flexible_correct"]) for r in records) / n,
-        "format_failure_rate": sum(r[headline] is None and not r["truncated"] for r in records) / n,
-        "truncation_rate": finishes.count("length") / max(1, len(finishes)),
-        "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else None,
-    }
-
-
 def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> dict[str, Any]:
-    """`rates` plus the headline accuracy's percentile bootstrap CI over items (analysis settings)."""
-    out = rates(records, headline)
+    """`scoring.rates` plus the headline accuracy's percentile bootstrap CI over items (analysis
+    settings)."""
+    out = scoring.rates(records, headline)
     ci = stats.accuracy_ci(
         [bool(r["correct"]) for r in records],
         analysis.ci,
@@ -327,9 +304,3 @@ def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> d
     )
     out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high, ci=analysis.ci)
     return out
-
-
-def _as_list(value: Any) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import answers, engines, tasks
+from harness import answers, engines, scoring, tasks
 from harness.config import Experiment
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.store import Store, atomic_write_bytes
@@ -108,7 +108,7 @@ def _generate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         drop_unfinished_items(c.dir / TRACES, n)
-        tasks.rescore_partial(c.dir, exp.data_dir)
+        scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
         engines.emit({"skipped": len(records)})
@@ -176,7 +176,7 @@ def trace_record(
     task: tasks.TaskSpec, item: tasks.Item, prompt: str, k: int, s: Sample, extractor: str
 ) -> dict[str, Any]:
     """The traces.jsonl record of one sample: prompt, completion, token counts and scores."""
-    scored = tasks.score(
+    scored = scoring.score(
         task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices")
     )
     return {
@@ -193,7 +193,7 @@ def trace_record(
         "strict_correct": scored["strict_correct"],
         "flexible_correct": scored["flexible_correct"],
         "correct": scored["correct"],
-        **{k: scored[k] for k in tasks.READING_FIELDS},
+        **{k: scored[k] for k in scoring.READING_FIELDS},
     }
 
 
@@ -229,7 +229,7 @@ def summarize(
         "n_samples": len(records),
         "samples_per_item": n,
         "yield": sum(by_item.values()) / max(1, n_items),
-        "accuracy": sum(bool(r["correct"]) for r in records) / count,
+        "accuracy": scoring.accuracy(r["correct"] for r in records),
         "truncation_rate": sum(r["finish_reason"] == "length" for r in records) / count,
         "mean_completion_tokens": sum(r["completion_tokens"] for r in records) / count,
         "generated_tokens": tokens,

@@ -1,8 +1,7 @@
-"""The task suite: tasks/*.yaml -> items, prompts and scores.
+"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
-    cotgap score --task gsm8k --predictions preds.jsonl --data-dir ../shared/data
 
 A task YAML names its source twice: a hub dataset (id, config, revision, splits) and the original
 files as laid out under a data dir (../shared/data), with a field mapping, an answer type, an
@@ -16,7 +15,6 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import io
 import json
 import os
 import random
@@ -31,6 +29,7 @@ from pydantic import Field, model_validator
 from harness import answers
 from harness.config import Strict, parse, read_yaml
 from harness.errors import UserError
+from harness.store import OUT_FIX, atomic_write_text
 
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
@@ -822,330 +821,6 @@ def render_prompt(
     return _render(spec.prompt.few_shot_cot, fewshot=block, question=item.question)
 
 
-# where each answer came from (rule, span) or why there is none (reason): in every verdict record
-READING_FIELDS = tuple(
-    f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
-)
-
-# --- scoring ------------------------------------------------------------------------------------------------
-
-
-def score(
-    task: TaskSpec | str,
-    completion: str,
-    gold: str,
-    finish_reason: str | None = "stop",
-    extractor: str | None = None,
-    choices: list[str] | None = None,
-) -> dict[str, Any]:
-    """Strict and flexible answers of one completion, side by side; `correct` is the headline.
-
-    A truncated generation (finish_reason "length") is never scored as an answer. Only the text
-    after the last </think> is read. `choices` (the item's option texts) lets a choice extractor
-    match an answer given as option text instead of a letter."""
-    spec = _spec(task)
-    ex = answers.get_extractor(extractor or spec.extractor)
-    if spec.answer_type not in ex.answer_types:
-        raise UserError(
-            f"extractor {ex.name!r} cannot score task {spec.name} (answer_type {spec.answer_type}); "
-            f"it scores {', '.join(ex.answer_types)}."
-        )
-    out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
-    if finish_reason == "length":
-        none = answers.Reading(None, reason="truncated at max_tokens")
-        return {**out, "strict": None, "flexible": None, "strict_correct": False,
-                "flexible_correct": False, "correct": False, "truncated": True,
-                **none.fields("strict"), **none.fields("flexible")}  # fmt: skip
-    text = answers.scored_text(completion if isinstance(completion, str) else "")
-    strict, flexible = ex.read(text, choices)
-    kind = ex.answer_types[0]
-    strict_ok = answers.equivalent(kind, strict.value, gold)
-    flexible_ok = (
-        strict_ok
-        if flexible.value == strict.value
-        else answers.equivalent(kind, flexible.value, gold)
-    )
-    return {
-        **out,
-        "strict": strict.value,
-        "flexible": flexible.value,
-        "strict_correct": strict_ok,
-        "flexible_correct": flexible_ok,
-        "correct": strict_ok if spec.headline == "strict" else flexible_ok,
-        "truncated": False,
-        **strict.fields("strict"),
-        **flexible.fields("flexible"),
-    }
-
-
-def _read_predictions(
-    path: Path, by_id: dict[str, Item], spec: TaskSpec, split: str
-) -> dict[str, dict]:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file; give a JSONL file of {{id, completion}} records.")
-    preds: dict[str, dict] = {}
-    records = 0  # excluded rows count: a file of only those is not empty
-    # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
-    with io.StringIO(_read_utf8(path)) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            records += 1
-            where = f"{path}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{where}: not valid JSON ({e.msg}); one object per line."
-                ) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-                raise UserError(
-                    f"{where}: field 'id' is missing or not text; each line needs id and completion."
-                )
-            if not isinstance(rec.get("completion"), str):
-                raise UserError(f"{where}: field 'completion' is missing or not text.")
-            if rec["id"] in _excluded_ids(spec):
-                continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
-            if rec["id"] not in by_id:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
-                    f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
-                )
-            if rec["id"] in preds:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
-                )
-            preds[rec["id"]] = rec
-    if not records:
-        raise UserError(
-            f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "
-            "per line."
-        )
-    return preds
-
-
-def _write_atomic(path: Path, lines: Iterable[str]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(
-            f"{path}: could not write ({e.strerror}); free disk space, fix permissions or give "
-            "another output file path, then re-run."
-        ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def score_file(
-    task: TaskSpec | str,
-    predictions_path: str | Path,
-    data_dir: str | Path | None = None,
-    split: str = "test",
-    out_path: str | Path | None = None,
-    extractor: str | None = None,
-) -> dict[str, Any]:
-    """Re-score a JSONL of {id, completion[, finish_reason]} without an engine.
-
-    Writes one result per item of the split (default <predictions>.scored.jsonl) and returns a
-    summary; items without a prediction count as missing and incorrect."""
-    spec = _spec(task)
-    pred_path = Path(predictions_path)
-    items = load_items(spec, split, data_dir)
-    by_id = {item.id: item for item in items}
-    preds = _read_predictions(pred_path, by_id, spec, split)
-    results = []
-    for item in items:
-        rec = preds.get(item.id)
-        base = {"id": item.id, "source_index": item.source_index, "gold": item.gold}
-        if rec is None:
-            none = answers.Reading(None, reason="no prediction for this item")
-            results.append({**base, "missing": True, "strict": None, "flexible": None, "strict_correct": False,
-                            "flexible_correct": False, "correct": False, "truncated": False,
-                            **none.fields("strict"), **none.fields("flexible")})  # fmt: skip
-            continue
-        finish = rec.get("finish_reason", "stop")
-        scored = score(
-            spec, rec["completion"], item.gold, finish, extractor, item.meta.get("choices")
-        )
-        results.append({**base, "missing": False, "finish_reason": finish, **scored})
-    out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
-    _write_atomic(out, (json.dumps(r, ensure_ascii=False) for r in results))
-    n = len(results)
-    headline = spec.headline
-    missing = [r["id"] for r in results if r["missing"]]
-    ex = answers.get_extractor(extractor or spec.extractor)
-    return {
-        "task": spec.name,
-        "task_version": spec.version,
-        "split": split,
-        "extractor": ex.name,
-        "extractor_version": ex.version,
-        "headline": headline,
-        "n": n,
-        "n_predictions": len(preds),
-        "excluded_rows": len(spec.exclude),
-        "accuracy": sum(r["correct"] for r in results) / max(n, 1),
-        "strict_accuracy": sum(r["strict_correct"] for r in results) / max(n, 1),
-        "flexible_accuracy": sum(r["flexible_correct"] for r in results) / max(n, 1),
-        # one definition with the eval stage: no answer extracted from a completion that was not
-        # truncated (truncated and missing items are counted on their own)
-        "format_failure_rate": sum(
-            r[headline] is None and not r["truncated"] and not r["missing"] for r in results
-        )
-        / max(n, 1),
-        "truncation_rate": sum(r["truncated"] for r in results) / max(n, 1),
-        "truncated": sum(r["truncated"] for r in results),
-        "missing": len(missing),
-        "missing_ids": missing[:20],
-        "out": str(out),
-    }
-
-
-def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
-    import yaml
-
-    config = yaml.safe_load((cell / "config.yaml").read_text(encoding="utf-8"))
-    return config, load_task(config["task"]["name"]), config["task"]["extractor"]
-
-
-def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """The records of one complete eval or traces cell, re-scored with the current extractor from
-    their stored completions, without an engine; the cell is not modified. Each record is what the
-    stage that made the cell writes (`evaluate.record`, `generate.trace_record`) with the stored
-    token counts. Option texts (for answers given as text) come from the data dir when one is given."""
-    from harness.engines.base import Sample
-    from harness.evaluate import PREDICTIONS, record
-    from harness.generate import TRACES, trace_record
-
-    cell = Path(cell)
-    config, spec, extractor = _cell_config(cell)
-    ident, traces = config["task"], "evaluate" not in config
-    choices: dict[str, Any] = {}
-    if data_dir_or_env(data_dir) is not None:
-        items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
-        choices = {it.id: it.meta.get("choices") for it in items}
-    path = cell / (TRACES if traces else PREDICTIONS)
-    new = []
-    for rec in (json.loads(line) for line in path.read_text("utf-8").splitlines() if line):
-        item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
-        if traces:
-            sample = Sample(rec["completion"], (), 0, rec["finish_reason"])
-            scored = trace_record(spec, item, rec["prompt"], rec["sample"], sample, extractor)
-        else:
-            texts = rec["completions"] if "completions" in rec else [rec["completion"]]
-            finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
-            samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
-            scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
-        keep = ("prompt_tokens", "completion_tokens")
-        new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
-    return new
-
-
-def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
-    """Re-score, in place, the records a killed run left in a cell being computed (before the
-    run resumes; a cut last line is removed): the extractor may have changed in between, and the
-    key leaves its version out, so old verdicts must not end up beside new ones. With the same
-    extractor the file keeps its bytes."""
-    from harness.evaluate import PREDICTIONS
-    from harness.generate import TRACES
-    from harness.store import atomic_write_bytes, read_jsonl
-
-    path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
-    if not read_jsonl(path, repair=True):
-        return
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rescore_cell(cell, data_dir))
-    if data.encode("utf-8") != path.read_bytes():
-        atomic_write_bytes(path, data.encode("utf-8"))
-
-
-def rescore_due(recorded: dict[str, Any]) -> bool:
-    """Whether a cell's stored verdicts come from another version of its extractor than today's
-    (`recorded`: its metrics.json or manifest summary); then `rescore_cell` gives today's. A cell
-    that records no extractor version (made by hand) is taken as it is."""
-    version, name = recorded.get("extractor_version"), recorded.get("extractor")
-    return (
-        version is not None and name is not None and answers.get_extractor(name).version != version
-    )
-
-
-def rescore_results(
-    root: str | Path, data_dir: str | Path | None = None, out_dir: str | Path | None = None
-) -> list[dict[str, Any]]:
-    """Re-score every complete eval cell of a results directory with the current extractors,
-    from its stored completions, without an engine (`rescore_cell`). Cells are left as they are:
-    the re-scored records go to <out_dir>/<key>.jsonl (default <root>/rescored/); returns one
-    summary per cell."""
-    from harness.evaluate import METRICS, PREDICTIONS, rates
-
-    root = Path(root)
-    cells = sorted(p.parent for p in (root / "cells" / "eval").glob("*/manifest.json"))
-    if not cells:
-        raise UserError(
-            f"{root}: no complete eval cells under cells/eval/; give a results directory."
-        )
-    out_root = Path(out_dir) if out_dir else root / "rescored"
-    summaries = []
-    for cell in cells:
-        _, spec, extractor = _cell_config(cell)
-        old = [
-            json.loads(line)
-            for line in (cell / PREDICTIONS).read_text("utf-8").splitlines()
-            if line
-        ]
-        new = rescore_cell(cell, data_dir)
-        _write_atomic(
-            out_root / f"{cell.name}.jsonl", (json.dumps(r, ensure_ascii=False) for r in new)
-        )
-        stored = json.loads((cell / METRICS).read_text("utf-8"))
-        summaries.append(
-            {
-                "cell": cell.name,
-                "task": spec.name,
-                "n": len(new),
-                "extractor": extractor,
-                "stored_extractor_version": stored.get("extractor_version"),
-                "extractor_version": answers.get_extractor(extractor).version,
-                "stored_accuracy": stored.get("accuracy"),
-                **rates(new, spec.headline),
-                "changed_verdicts": sum(
-                    a["correct"] != b["correct"] for a, b in zip(old, new, strict=True)
-                ),
-                "out": str(out_root / f"{cell.name}.jsonl"),
-            }
-        )
-    return summaries
-
-
-def explain(result: dict[str, Any]) -> str:
-    """One scored item as text: verdict, gold, and each reading with its rule and span, or why
-    it has no answer."""
-    mark = "ok   " if result["correct"] else "WRONG"
-    if result.get("missing"):
-        return f"{mark} {result['id']}  gold={result['gold']!r}  no prediction"
-    parts = [f"{mark} {result['id']}  gold={result['gold']!r}"]
-    for reading in ("strict", "flexible"):
-        value, rule = result.get(reading), result.get(f"{reading}_rule")
-        if value is not None:
-            parts.append(f"{reading}={value!r} [{rule}: {result.get(f'{reading}_span') or ''}]")
-        else:
-            where = f" [{rule}: {result.get(f'{reading}_span')}]" if rule else ""
-            parts.append(f"{reading}=None ({result.get(f'{reading}_reason')}){where}")
-    return "  ".join(parts)
-
-
-def explain_file(path: str | Path) -> Iterable[str]:
-    """`explain` for every record of a scored JSONL file (`cotgap score --explain`)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield explain(json.loads(line))
-
-
 def items_jsonl(
     task: TaskSpec | str,
     split: str,
@@ -1169,7 +844,7 @@ def items_jsonl(
         for it in items
     )
     if isinstance(out, (str, Path)):
-        _write_atomic(Path(out), lines)
+        atomic_write_text(Path(out), "".join(line + "\n" for line in lines), OUT_FIX)
     else:
         import sys
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import models, tasks
+from harness import models, scoring
 from harness.config import Experiment, TrainConfig
 from harness.errors import UserError
 from harness.store import (
@@ -101,8 +101,8 @@ def _traces(exp: Experiment, store: Store, cell: Any) -> tuple[dict[str, list[di
         d = store.cell_dir("traces", key)
         if not store.complete("traces", key):
             raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
-        if tasks.rescore_due(store.manifest("traces", key).get("summary") or {}):
-            out[key], rescored = _usable(tasks.rescore_cell(d, exp.data_dir)), rescored + 1
+        if scoring.rescore_due(store.manifest("traces", key).get("summary") or {}):
+            out[key], rescored = _usable(scoring.rescore_cell(d, exp.data_dir)), rescored + 1
         else:
             out[key] = _usable(read_jsonl(d / "traces.jsonl"))
     return out, rescored

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harness import evaluate, metric, plan, tasks
+from harness import evaluate, metric, plan, scoring, tasks
 from harness.cli import app
 from harness.config import Experiment, canonical
 from harness.engines import Request, Sample, Sampling
@@ -200,7 +200,7 @@ def test_metric_loads_offline_by_path_and_matches_tasks_score() -> None:
     finish = ["stop", "stop", "stop", "length", "stop"]
     got = acc.compute(predictions=completions, references=gold, task=TASK, finish_reasons=finish)
     spec = tasks.load_task(TASK)
-    want = [tasks.score(spec, c, g, f) for c, g, f in zip(completions, gold, finish, strict=True)]
+    want = [scoring.score(spec, c, g, f) for c, g, f in zip(completions, gold, finish, strict=True)]
     assert got["accuracy"] == sum(w["correct"] for w in want) / 5 == 0.6
     assert got["strict_accuracy"] == sum(w["strict_correct"] for w in want) / 5
     assert got["flexible_accuracy"] == sum(w["flexible_correct"] for w in want) / 5 == 0.6
