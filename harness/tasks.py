@@ -27,13 +27,12 @@ from typing import Any, Literal, TextIO
 from pydantic import Field, model_validator
 
 from harness import answers
-from harness.config import Strict, parse, read_yaml
+from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
 from harness.errors import UserError
 from harness.store import OUT_FIX, atomic_write_text
 
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
-PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 AnswerFrom = Literal[
     "plain",
     "after_hashes",
@@ -228,16 +227,6 @@ class Item:
 
 
 # --- finding and reading task files -------------------------------------------------------------------
-
-
-def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else tasks/ at the repository root."""
-    env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
-
-
-def task_names() -> list[str]:
-    return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
 
 
 @functools.lru_cache(maxsize=256)
