@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from harness.config import AnalysisConfig, EvalConfig, Experiment
 from harness.engines import Engine, Request, Sample, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS, EMIT_EVERY_S
+from harness.generate import CHUNK_SEQS
 from harness.store import Store
 
 PREDICTIONS = "predictions.jsonl"
@@ -174,7 +173,9 @@ def _evaluate_cell(
         for start in range(0, len(todo), per_chunk):
             window = todo[start : start + per_chunk]
             requests = _requests(task, window, ev, exp.data_dir)
-            for i, samples in _in_item_order(engine.stream(requests, sampling, adapter=adapter)):
+            for i, samples in engines.in_request_order(
+                engine.stream(requests, sampling, adapter=adapter)
+            ):
                 rec = record(task, window[i], samples, extractor, ev.decoding)
                 out.write(rec)
                 records.append(rec)
@@ -224,25 +225,6 @@ def _resumable(records: list[dict], items: list[tasks.Item], cell_dir: Path) -> 
             f"order (were they made from another copy of the data?); delete {cell_dir} and re-run."
         )
     return list(records)
-
-
-def _in_item_order(
-    stream: Iterable[tuple[int, list[Sample]]],
-) -> Iterator[tuple[int, list[Sample]]]:
-    """Requests in request order, each as soon as it and every earlier one are done, so the file on
-    disk is always the first items of the split; progress goes out as requests finish."""
-    finished: dict[int, list[Sample]] = {}
-    next_i, done, tokens, last_emit = 0, 0, 0, 0.0
-    for i, samples in stream:
-        finished[i] = samples
-        done, tokens = done + len(samples), tokens + sum(s.completion_tokens for s in samples)
-        if time.perf_counter() - last_emit > EMIT_EVERY_S:
-            engines.emit({"samples": done, "tokens": tokens})
-            done, tokens, last_emit = 0, 0, time.perf_counter()
-        while next_i in finished:
-            yield next_i, finished.pop(next_i)
-            next_i += 1
-    engines.emit({"samples": done, "tokens": tokens})
 
 
 def record(

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 TRACES = "traces.jsonl"
 CHUNK_SEQS = 4096  # sequences per engine call: large enough that the engine rarely runs dry
-EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 
 
 def run(
@@ -153,22 +152,10 @@ def _generate_chunk(
         for it in todo
     ]
     requests = [Request(it.id, prompt=p) for it, p in zip(todo, prompts, strict=True)]
-    finished: dict[int, list[Sample]] = {}
-    next_i, pending, last_emit = 0, Counter(), 0.0
     t0 = time.perf_counter()
-    for i, samples in engine.stream(requests, sampling):
-        finished[i] = samples
-        pending["samples"] += len(samples)
-        pending["tokens"] += sum(s.completion_tokens for s in samples)
-        while next_i in finished:
-            for k, s in enumerate(finished.pop(next_i)):
-                write(trace_record(task, todo[next_i], prompts[next_i], k, s, extractor))
-            next_i += 1
-        if time.perf_counter() - last_emit > EMIT_EVERY_S:
-            engines.emit(dict(pending))
-            pending.clear()
-            last_emit = time.perf_counter()
-    engines.emit(dict(pending))
+    for i, samples in engines.in_request_order(engine.stream(requests, sampling)):
+        for k, s in enumerate(samples):
+            write(trace_record(task, todo[i], prompts[i], k, s, extractor))
     return time.perf_counter() - t0
 
 
