@@ -5,7 +5,8 @@
 
 A task YAML names its source twice: a hub dataset (id, config, revision, splits) and the original
 files as laid out under a data dir (../shared/data), with a field mapping, an answer type, an
-extractor and prompt templates. A source with a single pool of items (`all`) is divided into
+extractor and prompt templates; or once, a sandbox generator (harness/sandbox/tasks.py). Each kind
+of source is one row of `_SOURCES`. A source with a single pool of items (`all`) is divided into
 train/test by a seeded hash of each question, so the same questions land in the same split
 whichever copy was read. Without a data dir (argument or COTGAP_DATA_DIR) items come from the hub.
 """
@@ -19,7 +20,7 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -29,6 +30,7 @@ from pydantic import Field, model_validator
 from harness import answers
 from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
 from harness.errors import UserError
+from harness.sandbox import tasks as sandbox
 from harness.store import OUT_FIX, atomic_write_text
 
 SplitName = Literal["train", "test", "all"]
@@ -203,6 +205,11 @@ class TaskSpec(Strict):
     def hub_id(self) -> str | None:
         return self.source.hub.id if self.source.hub else None
 
+    @property
+    def source_version(self) -> int | None:
+        """The version of the code that makes the items (the sandbox generators); None for data."""
+        return sandbox.VERSION if self.source.sandbox is not None else None
+
 
 class Exemplar(Strict):
     question: str
@@ -253,14 +260,19 @@ def _spec(task: TaskSpec | str) -> TaskSpec:
     return task if isinstance(task, TaskSpec) else load_task(task)
 
 
+def _sizes(spec: TaskSpec) -> dict[str, int]:
+    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    sb = spec.source.sandbox
+    return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
+
+
 def list_tasks_table() -> list[dict[str, Any]]:
     """Rows for `cotgap ls tasks`: from the YAMLs alone, no data is read."""
     rows = []
     for name in task_names():
         spec = load_task(name)
-        sizes = dict(spec.sizes)
+        sizes = _sizes(spec)
         if spec.source.sandbox is not None:
-            sizes = {"train": spec.source.sandbox.n_train, "test": spec.source.sandbox.n_test}
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
             source = spec.hub_id or "files only"
@@ -436,16 +448,19 @@ def _file_list(spec: TaskSpec) -> str:
     return ", ".join(p for paths in files.splits.values() for p in paths) if files else "(none)"
 
 
-def _sandbox_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
-    from harness.sandbox.tasks import generate_items
-
+def _sandbox_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
     sb = spec.source.sandbox
-    rows = []
-    for key in keys:
-        n = sb.n_train if key == "train" else sb.n_test
-        for i, rec in enumerate(generate_items(sb.generator, key, n, sb.seed)):
-            rows.append(_Row(f"sandbox generator {sb.generator} split {key} item {i}", key, i, rec))
-    return rows
+    return [_Row(*row) for row in sandbox.source_rows(sb.generator, _sizes(spec), sb.seed, keys)]
+
+
+# How each kind of source gives its rows: (spec, source splits, data dir) -> rows. Rows become
+# items through the task's fields (a sandbox generator's items have fixed ones).
+_SOURCES: dict[str, Callable[[TaskSpec, Iterable[str], Path | None], list[_Row]]] = {
+    "hub": lambda spec, keys, data_dir: _hub_rows(spec, keys),
+    "files": _file_rows,
+    "sandbox": _sandbox_rows,
+}
+_SANDBOX_FIELDS = Fields(id="id", question="question", answer="answer", rationale="rationale")
 
 
 # --- rows to items ------------------------------------------------------------------------------------------
@@ -608,21 +623,6 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
     return Item(item_id, row.index, question, gold, meta)
 
 
-def _sandbox_item(spec: TaskSpec, row: _Row) -> Item:
-    rec = row.data
-    for key in ("id", "question", "answer", "rationale"):
-        if not isinstance(rec.get(key), str):
-            raise UserError(
-                f"{row.where}: field {key!r} must be text (harness.sandbox.tasks.generate_items)."
-            )
-    gold = answers.canonical(spec.answer_type, rec["answer"])
-    if gold is None:
-        raise UserError(
-            f"{row.where}: field 'answer': {rec['answer']!r} is not a valid {spec.answer_type}."
-        )
-    return Item(rec["id"], row.index, rec["question"], gold, {"rationale": rec["rationale"]})
-
-
 def _split_order(items: list[Item], split: SplitSpec) -> tuple[list[Item], list[Item]]:
     """Train and test of a single pool: items ordered by a seeded hash of their question."""
 
@@ -652,34 +652,29 @@ def load_items(
         raise UserError(
             f"unknown split {split!r} for task {spec.name}; valid: {', '.join(SPLITS)}."
         )
-    src = spec.source
-    if src.sandbox is not None:
-        keys = ["train", "test"] if split == "all" else [split]
-        items = [_sandbox_item(spec, r) for r in _sandbox_rows(spec, keys)]
-        _check_unique(spec, items)
-        expected = {"train": src.sandbox.n_train, "test": src.sandbox.n_test}
-        expected["all"] = expected["train"] + expected["test"]
-    else:
-        pooled = set(src.files.splits) == {"all"}
-        keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
-        root = data_dir_or_env(data_dir)
-        rows = _file_rows(spec, keys, root) if root is not None else _hub_rows(spec, keys)
-        fields = src.hub.fields if root is None and src.hub.fields is not None else spec.fields
-        skip = {e.index for e in spec.exclude}
-        rows = [row for row in rows if row.index not in skip]
-        items = []
-        for row in rows:
-            default_id = (
-                f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
-            )
-            items.append(_make_item(spec, fields, row, default_id))
-        _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
-        expected = spec.sizes
-        if pooled and split != "all":
-            _check_size(spec, "all", len(items), expected.get("all"), root)
-            train, test = _split_order(items, spec.split)
-            items = train if split == "train" else test
-    _check_size(spec, split, len(items), expected.get(split), data_dir_or_env(data_dir))
+    src, root = spec.source, data_dir_or_env(data_dir)
+    kind = "sandbox" if src.sandbox else "files" if root is not None else "hub"
+    pooled = src.files is not None and set(src.files.splits) == {"all"}
+    keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
+    rows = _SOURCES[kind](spec, keys, root)
+    fields = _SANDBOX_FIELDS if src.sandbox else spec.fields
+    if kind == "hub" and src.hub.fields is not None:
+        fields = src.hub.fields
+    skip = {e.index for e in spec.exclude}
+    rows = [row for row in rows if row.index not in skip]
+    items = []
+    for row in rows:
+        default_id = (
+            f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
+        )
+        items.append(_make_item(spec, fields, row, default_id))
+    _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
+    expected = _sizes(spec)
+    if pooled and split != "all":
+        _check_size(spec, "all", len(items), expected.get("all"), root)
+        train, test = _split_order(items, spec.split)
+        items = train if split == "train" else test
+    _check_size(spec, split, len(items), expected.get(split), root)
     return items[:limit] if limit is not None else items
 
 

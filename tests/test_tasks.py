@@ -687,5 +687,15 @@ def test_sandbox_rows_are_validated(monkeypatch):
         "generate_items",
         lambda g, s, n, seed: [{"id": "a", "question": "q", "answer": "x", "rationale": "r"}],
     )
-    with pytest.raises(UserError, match="field 'answer': 'x' is not a valid number"):
+    with pytest.raises(UserError, match="field 'answer': gold answer 'x' is not a valid number"):
         tasks.load_items("sandbox_addition", "test")
+    monkeypatch.setattr(sandbox, "generate_items", lambda g, s, n, seed: [{"id": "a"}])
+    with pytest.raises(UserError, match="field 'question' must be text"):
+        tasks.load_items("sandbox_addition", "test")
+
+
+def test_source_version_is_the_sandbox_generators_version():
+    import harness.sandbox.tasks as sandbox
+
+    assert tasks.load_task("sandbox_addition").source_version == sandbox.VERSION == 1
+    assert tasks.load_task("gsm8k").source_version is None
