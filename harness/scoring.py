@@ -105,10 +105,7 @@ def score(
         )
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
-        none = answers.Reading(None, reason="truncated at max_tokens")
-        return {**out, "strict": None, "flexible": None, "strict_correct": False,
-                "flexible_correct": False, "correct": False, "truncated": True,
-                **none.fields("strict"), **none.fields("flexible")}  # fmt: skip
+        return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
     text = answers.scored_text(completion if isinstance(completion, str) else "")
     strict, flexible = ex.read(text, choices)
     kind = ex.answer_types[0]
@@ -129,6 +126,13 @@ def score(
         **strict.fields("strict"),
         **flexible.fields("flexible"),
     }
+
+
+def _no_answer(reason: str, truncated: bool = False) -> dict[str, Any]:
+    none = answers.Reading(None, reason=reason)
+    return {"strict": None, "flexible": None, "strict_correct": False, "flexible_correct": False,
+            "correct": False, "truncated": truncated, **none.fields("strict"),
+            **none.fields("flexible")}  # fmt: skip
 
 
 def _read_predictions(
@@ -199,10 +203,7 @@ def score_file(
         rec = preds.get(item.id)
         base = {"id": item.id, "source_index": item.source_index, "gold": item.gold}
         if rec is None:
-            none = answers.Reading(None, reason="no prediction for this item")
-            results.append({**base, "missing": True, "strict": None, "flexible": None, "strict_correct": False,
-                            "flexible_correct": False, "correct": False, "truncated": False,
-                            **none.fields("strict"), **none.fields("flexible")})  # fmt: skip
+            results.append({**base, "missing": True, **_no_answer("no prediction for this item")})
             continue
         finish = rec.get("finish_reason", "stop")
         scored = score(
