@@ -24,12 +24,12 @@ from harness.store import OUT_FIX, atomic_write_text
 from harness.tasks import (
     Item,
     TaskSpec,
-    _excluded_ids,
-    _read_utf8,
-    _spec,
     data_dir_or_env,
+    excluded_ids,
     load_items,
     load_task,
+    read_utf8,
+    task_spec,
 )
 
 # where each answer came from (rule, span) or why there is none (reason): in every verdict record
@@ -96,7 +96,7 @@ def score(
     A truncated generation (finish_reason "length") is never scored as an answer. Only the text
     after the last </think> is read. `choices` (the item's option texts) lets a choice extractor
     match an answer given as option text instead of a letter."""
-    spec = _spec(task)
+    spec = task_spec(task)
     ex = answers.get_extractor(extractor or spec.extractor)
     if spec.answer_type not in ex.answer_types:
         raise UserError(
@@ -143,7 +143,7 @@ def _read_predictions(
     preds: dict[str, dict] = {}
     records = 0  # excluded rows count: a file of only those is not empty
     # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
-    with io.StringIO(_read_utf8(path)) as f:
+    with io.StringIO(read_utf8(path)) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -161,7 +161,7 @@ def _read_predictions(
                 )
             if not isinstance(rec.get("completion"), str):
                 raise UserError(f"{where}: field 'completion' is missing or not text.")
-            if rec["id"] in _excluded_ids(spec):
+            if rec["id"] in excluded_ids(spec):
                 continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
             if rec["id"] not in by_id:
                 raise UserError(
@@ -193,7 +193,7 @@ def score_file(
 
     Writes one result per item of the split (default <predictions>.scored.jsonl) and returns a
     summary; items without a prediction count as missing and incorrect."""
-    spec = _spec(task)
+    spec = task_spec(task)
     pred_path = Path(predictions_path)
     items = load_items(spec, split, data_dir)
     by_id = {item.id: item for item in items}

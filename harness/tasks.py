@@ -256,7 +256,8 @@ def load_task(name: str) -> TaskSpec:
     return _load_task_file(str(path), path.stat().st_mtime_ns)
 
 
-def _spec(task: TaskSpec | str) -> TaskSpec:
+def task_spec(task: TaskSpec | str) -> TaskSpec:
+    """A task's spec, loaded when given by name."""
     return task if isinstance(task, TaskSpec) else load_task(task)
 
 
@@ -308,7 +309,8 @@ def data_dir_or_env(data_dir: str | Path | None) -> Path | None:
     return Path(value) if value else None
 
 
-def _read_utf8(path: Path) -> str:
+def read_utf8(path: Path) -> str:
+    """A file's text; one that is not UTF-8 is a UserError naming the line."""
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
@@ -334,7 +336,7 @@ def _read_records(path: Path, fmt: str) -> list[tuple[str, Any]]:
             (f"<Problem> {i + 1}", {**p.attrib, **{c.tag: (c.text or "") for c in p}})
             for i, p in enumerate(problems)
         ]
-    text = _read_utf8(path)
+    text = read_utf8(path)
     if fmt == "jsonl":
         out = []
         for lineno, line in enumerate(text.split("\n"), 1):
@@ -395,7 +397,7 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
                 raise UserError(
                     f"{path}: no such file; task {spec.name} keeps the ids listed there."
                 )
-            keep.update(_read_utf8(path).split())
+            keep.update(read_utf8(path).split())
         id_path = spec.fields.id
         rows = [r for r in rows if str(_get(r.data, id_path)) in keep]
     return rows
@@ -647,7 +649,7 @@ def load_items(
     Files under `data_dir` (or $COTGAP_DATA_DIR) when set, else the hub. The train/test split of a
     single pool is its seeded hash order; a source's own train/test files keep their file order.
     """
-    spec = _spec(task)
+    spec = task_spec(task)
     if split not in SPLITS:
         raise UserError(
             f"unknown split {split!r} for task {spec.name}; valid: {', '.join(SPLITS)}."
@@ -680,10 +682,10 @@ def load_items(
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
     """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
-    return [{"source_index": e.index, "reason": e.reason} for e in _spec(task).exclude]
+    return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
-def _excluded_ids(spec: TaskSpec) -> set[str]:
+def excluded_ids(spec: TaskSpec) -> set[str]:
     """Item ids the excluded rows would have had (pooled sources without an id field)."""
     files, fields = spec.source.files, spec.fields
     if files is None or set(files.splits) != {"all"} or fields is None or fields.id is not None:
@@ -750,7 +752,7 @@ def fewshot_exemplars(
     task: TaskSpec | str, data_dir: str | Path | None = None
 ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """(preamble, ((question, answer), ...)) of a task's few-shot CoT exemplars."""
-    spec = _spec(task)
+    spec = task_spec(task)
     ref = spec.fewshot
     if ref is None:
         raise UserError(
@@ -787,7 +789,7 @@ def render_prompt(
 ) -> str:
     """The user message for an item. Few-shot uses the first `num_fewshot` exemplars (0 = all),
     leaving out an exemplar that is this very question."""
-    spec = _spec(task)
+    spec = task_spec(task)
     if style == "zero_shot_cot":
         return _render(spec.prompt.zero_shot_cot, question=item.question)
     if style != "few_shot_cot":
