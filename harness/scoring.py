@@ -20,7 +20,7 @@ from typing import Any
 
 from harness import answers
 from harness.errors import UserError
-from harness.store import OUT_FIX, atomic_write_text
+from harness.store import OUT_FIX, atomic_write_bytes, atomic_write_text, read_json, read_jsonl
 from harness.tasks import (
     Item,
     TaskSpec,
@@ -262,9 +262,8 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
     if data_dir_or_env(data_dir) is not None:
         items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
         choices = {it.id: it.meta.get("choices") for it in items}
-    path = cell / (TRACES if traces else PREDICTIONS)
     new = []
-    for rec in (json.loads(line) for line in path.read_text("utf-8").splitlines() if line):
+    for rec in read_jsonl(cell / (TRACES if traces else PREDICTIONS)):
         item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
         if traces:
             sample = Sample(rec["completion"], (), 0, rec["finish_reason"])
@@ -286,7 +285,6 @@ def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
     extractor the file keeps its bytes."""
     from harness.evaluate import PREDICTIONS
     from harness.generate import TRACES
-    from harness.store import atomic_write_bytes, read_jsonl
 
     path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
     if not read_jsonl(path, repair=True):
@@ -325,14 +323,10 @@ def rescore_results(
     summaries = []
     for cell in cells:
         _, spec, extractor = _cell_config(cell)
-        old = [
-            json.loads(line)
-            for line in (cell / PREDICTIONS).read_text("utf-8").splitlines()
-            if line
-        ]
+        old = read_jsonl(cell / PREDICTIONS)
         new = rescore_cell(cell, data_dir)
         _write_jsonl(out_root / f"{cell.name}.jsonl", new)
-        stored = json.loads((cell / METRICS).read_text("utf-8"))
+        stored = read_json(cell / METRICS, f"delete {cell} and re-run to recompute it")
         summaries.append(
             {
                 "cell": cell.name,

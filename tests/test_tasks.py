@@ -583,6 +583,17 @@ def test_rescore_results_dir_without_an_engine(tmp_path):
         scoring.rescore_results(tmp_path / "empty")
 
 
+def test_rescore_reads_completions_holding_a_line_separator(tmp_path):
+    """Records are split at "\n" only: a completion may hold U+2028, which JSON leaves as is."""
+    rec = {"id": "a", "completion": "3+15=18.\u2028The answer is 18.", "gold": "18",
+           "finish_reason": "stop", "strict": None, "correct": False}  # fmt: skip
+    _fake_eval_cell(tmp_path, "0" * 20, [rec], 1)
+    preds = tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl"
+    preds.write_text(json.dumps(rec, ensure_ascii=False) + "\n", encoding="utf-8")
+    (summary,) = scoring.rescore_results(tmp_path)
+    assert summary["n"] == 1 and summary["accuracy"] == 1.0
+
+
 def test_items_jsonl(shared_data, tmp_path, monkeypatch):
     buf = io.StringIO()
     assert tasks.items_jsonl("coin_flip", "test", shared_data, buf, limit=3) == 3
