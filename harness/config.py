@@ -5,7 +5,9 @@
 Every model forbids unknown keys; a misspelt key is reported with its file, key path and the
 nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
 only: YAML holds values and names, never code. A relative `results_dir` is taken relative to the
-experiment file, so a command means the same results from any working directory.
+experiment file, so a command means the same results from any working directory. An
+experiment's task names are checked against the task YAMLs in `tasks_dir()` (harness.tasks
+reads them).
 """
 
 from __future__ import annotations
