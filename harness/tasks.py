@@ -646,8 +646,9 @@ def load_items(
 ) -> list[Item]:
     """Items of one split, every row validated; the first `limit` of them when given.
 
-    Files under `data_dir` (or $COTGAP_DATA_DIR) when set, else the hub. The train/test split of a
-    single pool is its seeded hash order; a source's own train/test files keep their file order.
+    Files under `data_dir` (or $COTGAP_DATA_DIR) when set, else the hub; a sandbox task's from its
+    generator. The train/test split of a single pool is its seeded hash order; a source's own
+    train/test files keep their file order.
     """
     spec = task_spec(task)
     if split not in SPLITS:
