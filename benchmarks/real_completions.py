@@ -6,7 +6,7 @@
 Reads every public set in <data-dir>/real-completions (its README describes them): GPT-3 GSM8K
 solutions (openai-grade-school-math), GPT-4 / GPT-3.5 few-shot CoT (faithful-cot),
 text-davinci-003 Plan-and-Solve (plan-and-solve), chat models on MATH level 5 (zeroeval) and GPT-4
-zero-shot CoT on three BBH tasks (meta-prompting). Each completion is scored by `tasks.score`
+zero-shot CoT on three BBH tasks (meta-prompting). Each completion is scored by `scoring.score`
 under the task cotgap ships for that benchmark (its extractor and headline reading), against the
 set's own gold answer; the original verdict is the stored one, or the repository's own scoring
 logic re-implemented here where only the extracted answer is stored (each re-implementation
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import answers, tasks
+from harness import answers, scoring, tasks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -219,7 +219,7 @@ def _spec(task: str) -> tasks.TaskSpec:
 def score_case(case: Case) -> dict[str, Any]:
     spec = _spec(case.task)
     gold = answers.canonical(spec.answer_type, case.gold)
-    return tasks.score(spec, case.completion, gold, choices=case.choices)
+    return scoring.score(spec, case.completion, gold, choices=case.choices)
 
 
 def run(root: Path, only: list[str] | None = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, stats, tasks
+from harness import answers, models, scoring, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -135,7 +135,7 @@ class EvalResult:
 
     @property
     def accuracy(self) -> float:
-        return sum(self.correct.values()) / len(self.correct) if self.correct else NAN
+        return scoring.accuracy(self.correct.values()) if self.correct else NAN
 
     def rate(self, name: str) -> float:
         value = self.metrics.get(name)
@@ -176,11 +176,11 @@ class _Reader:
         """The teacher's yield; from its traces re-scored when an earlier extractor version
         scored them (as the dataset stage selects them)."""
         summary = self.summary("traces", key)
-        if not tasks.rescore_due(summary):
+        if not scoring.rescore_due(summary):
             return summary.get("yield", NAN)
         from harness.generate import summarize
 
-        records = tasks.rescore_cell(self.store.cell_dir("traces", key), self.data_dir)
+        records = scoring.rescore_cell(self.store.cell_dir("traces", key), self.data_dir)
         self.rescored.add(("traces", key))
         n = summary["samples_per_item"]
         return summarize(records, summary["n_items"], n, 0, 0.0)["yield"]
@@ -188,19 +188,17 @@ class _Reader:
 
 def _read_eval(d: Path, key: str, data_dir: str | None = None) -> EvalResult:
     """The cell's verdicts; a cell scored by an earlier version of its extractor is re-scored from
-    its stored completions (`tasks.rescore_cell`, as `cotgap score --results` does), in memory, and
+    its stored completions (`scoring.rescore_cell`, as `cotgap score --results` does), in memory, and
     its metrics' rates with it (`rescored: true`)."""
     path, metrics_path = d / "predictions.jsonl", d / "metrics.json"
     fix = f"delete {d} and re-run to recompute that cell (`cotgap check` lists damaged cells)"
     metrics = read_json(metrics_path, fix) if metrics_path.exists() else {}
     records = read_jsonl(path)
-    if tasks.rescore_due(metrics):
-        from harness.evaluate import rates
-
-        records = tasks.rescore_cell(d, data_dir)
+    if scoring.rescore_due(metrics):
+        records = scoring.rescore_cell(d, data_dir)
         metrics = {
             **metrics,
-            **rates(records, metrics["headline"]),
+            **scoring.rates(records, metrics["headline"]),
             "rescored": True,
             "stored_extractor_version": metrics["extractor_version"],
             "extractor_version": answers.get_extractor(metrics["extractor"]).version,

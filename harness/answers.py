@@ -838,7 +838,6 @@ EXTRACTORS: dict[str, Extractor] = {
     "string": Extractor("string", 3, ("string",), _string_at, _string_last),
     "date": Extractor("date", 2, ("date",), _date_at, _date_last),
 }
-EXTRACTOR_VERSIONS: dict[str, int] = {name: ex.version for name, ex in EXTRACTORS.items()}
 
 
 def get_extractor(name: str) -> Extractor:

@@ -250,7 +250,7 @@ def task_identity(exp: Experiment, name: str, split: str) -> dict[str, Any]:
         "limit": ref.train_limit if split == "train" else ref.test_limit,
         "extractor": exp.evaluate.extractor or spec.extractor,
     }
-    generator = tasks.source_version(spec)
+    generator = spec.source_version
     if generator not in (None, 1):  # added after keys were published: left out at its old value
         ident["source_version"] = generator
     return ident

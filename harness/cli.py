@@ -347,22 +347,22 @@ def score(
 ) -> None:
     """Re-score stored completions without any engine; prints the summary as JSON. With
     --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
-    from harness import tasks
+    from harness import scoring
 
     if results is not None:
-        summaries = tasks.rescore_results(results, data_dir, out)
+        summaries = scoring.rescore_results(results, data_dir, out)
         typer.echo(json.dumps(summaries, indent=2))
         return
     if task is None or predictions is None:
         raise UserError("give --task and --predictions, or --results DIR.")
-    summary = tasks.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
+    summary = scoring.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
     if summary.get("missing"):
         _log(
             f"{summary['missing']} of {summary['n']} items have no prediction "
             "(scored incorrect; their ids are in missing_ids)"
         )
     if explain:
-        for line in tasks.explain_file(summary["out"]):
+        for line in scoring.explain_file(summary["out"]):
             typer.echo(line)
     typer.echo(json.dumps(summary, indent=2))
 

@@ -5,7 +5,9 @@
 Every model forbids unknown keys; a misspelt key is reported with its file, key path and the
 nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
 only: YAML holds values and names, never code. A relative `results_dir` is taken relative to the
-experiment file, so a command means the same results from any working directory.
+experiment file, so a command means the same results from any working directory. An
+experiment's task names are checked against the task YAMLs in `tasks_dir()` (harness.tasks
+reads them).
 """
 
 from __future__ import annotations
@@ -81,6 +83,16 @@ class TaskRef(Strict):
 PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
+def tasks_dir() -> Path:
+    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else tasks/ at the repository root."""
+    env = os.environ.get("COTGAP_TASKS_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
+
+
+def task_names() -> list[str]:
+    return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
+
+
 def vllm_installed() -> bool:
     """Whether `import vllm` can work here (found, not imported: that takes seconds)."""
     import importlib.util
@@ -97,17 +109,22 @@ def _engine(name: str) -> str:
 Engine = Annotated[Literal["auto", "vllm", "hf"], AfterValidator(_engine)]
 
 
-class GenerateConfig(Strict):
+class SamplingConfig(Strict):
+    """What generating traces and evaluating share: the engine, the prompt, how to sample."""
+
     engine: Engine = Field("auto", validate_default=True)
+    prompt_style: PromptStyle = "zero_shot_cot"
+    num_fewshot: int = Field(0, ge=0)
     n: int = Field(1, ge=1)
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
     max_tokens: int = Field(512, gt=0)
     seed: int = 0
     stop: tuple[str, ...] = ()
-    prompt_style: PromptStyle = "zero_shot_cot"
-    num_fewshot: int = Field(0, ge=0)
+
+
+class GenerateConfig(SamplingConfig):
+    top_k: int = -1
 
 
 class LoraConfig(Strict):
@@ -159,19 +176,10 @@ class TrainConfig(Strict):
         return self
 
 
-class EvalConfig(Strict):
+class EvalConfig(SamplingConfig):
     """The one evaluation config: used identically for teachers, baselines and distilled students."""
 
-    engine: Engine = Field("auto", validate_default=True)
-    prompt_style: PromptStyle = "zero_shot_cot"
-    num_fewshot: int = Field(0, ge=0)
     decoding: Literal["greedy", "self_consistency"] = "greedy"
-    n: int = Field(1, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(512, gt=0)
-    seed: int = 0
-    stop: tuple[str, ...] = ()
     extractor: str | None = Field(None, description="override the task's extractor by name")
 
     @model_validator(mode="after")
@@ -416,9 +424,7 @@ def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
     results = os.path.normpath(Path(path).parent / Path(exp.results_dir).expanduser())
     exp = exp.model_copy(update={"results_dir": results})
     if check_tasks:
-        from harness import tasks as task_registry
-
-        known = task_registry.task_names()
+        known = task_names()
         problems = []
         for i, t in enumerate(exp.tasks):
             if t.name not in known:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from harness import models, regimes, tasks
+from harness import models, regimes, scoring
 from harness.cells import Dataset
 from harness.config import Experiment
 from harness.errors import UserError
@@ -57,8 +57,8 @@ def _traces(exp: Experiment, store: Store, cell: Dataset) -> tuple[dict[str, lis
         d = store.cell_dir("traces", key)
         if not store.complete("traces", key):
             raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
-        if tasks.rescore_due(store.manifest("traces", key).get("summary") or {}):
-            out[key], rescored = _usable(tasks.rescore_cell(d, exp.data_dir)), rescored + 1
+        if scoring.rescore_due(store.manifest("traces", key).get("summary") or {}):
+            out[key], rescored = _usable(scoring.rescore_cell(d, exp.data_dir)), rescored + 1
         else:
             out[key] = _usable(read_jsonl(d / "traces.jsonl"))
     return out, rescored

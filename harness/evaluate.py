@@ -22,20 +22,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import answers, engines, stats, tasks
+from harness import answers, engines, scoring, stats, tasks
 from harness.config import AnalysisConfig, EvalConfig, Experiment, canonical
-from harness.engines import Engine, Request, Sample, Sampling
+from harness.engines import Engine, Request, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS, EMIT_EVERY_S
+from harness.generate import CHUNK_SEQS
+from harness.scoring import METRICS, PREDICTIONS, record
 from harness.store import Store
 
-PREDICTIONS = "predictions.jsonl"
-METRICS = "metrics.json"
 EVAL_CONFIG = "eval_config.json"
 
 
@@ -161,7 +159,7 @@ def _evaluate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         c.write_text(EVAL_CONFIG, eval_config_json(ev))
-        tasks.rescore_partial(c.dir, exp.data_dir)
+        scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(PREDICTIONS)
         records = _resumable(out.records, items, c.dir)
         engines.emit({"skipped": len(records) * ev.n})
@@ -170,7 +168,9 @@ def _evaluate_cell(
         for start in range(0, len(todo), per_chunk):
             window = todo[start : start + per_chunk]
             requests = _requests(task, window, ev, exp.data_dir)
-            for i, samples in _in_item_order(engine.stream(requests, sampling, adapter=adapter)):
+            for i, samples in engines.in_request_order(
+                engine.stream(requests, sampling, adapter=adapter)
+            ):
                 rec = record(task, window[i], samples, extractor, ev.decoding)
                 out.write(rec)
                 records.append(rec)
@@ -224,99 +224,10 @@ def _resumable(records: list[dict], items: list[tasks.Item], cell_dir: Path) -> 
     return list(records)
 
 
-def _in_item_order(
-    stream: Iterable[tuple[int, list[Sample]]],
-) -> Iterator[tuple[int, list[Sample]]]:
-    """Requests in request order, each as soon as it and every earlier one are done, so the file on
-    disk is always the first items of the split; progress goes out as requests finish."""
-    finished: dict[int, list[Sample]] = {}
-    next_i, done, tokens, last_emit = 0, 0, 0, 0.0
-    for i, samples in stream:
-        finished[i] = samples
-        done, tokens = done + len(samples), tokens + sum(s.completion_tokens for s in samples)
-        if time.perf_counter() - last_emit > EMIT_EVERY_S:
-            engines.emit({"samples": done, "tokens": tokens})
-            done, tokens, last_emit = 0, 0, time.perf_counter()
-        while next_i in finished:
-            yield next_i, finished.pop(next_i)
-            next_i += 1
-    engines.emit({"samples": done, "tokens": tokens})
-
-
-def record(
-    task: tasks.TaskSpec, item: tasks.Item, samples: list[Sample], extractor: str, decoding: str
-) -> dict[str, Any]:
-    """The predictions.jsonl record of one item: its completion(s), token counts and scores."""
-    scored = [
-        tasks.score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
-        for s in samples
-    ]
-    if decoding == "greedy":
-        (s,), (r,) = samples, scored
-        return {
-            "id": item.id,
-            "completion": s.text,
-            "finish_reason": s.finish_reason,
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "gold": item.gold,
-            **{k: r[k] for k in ("strict", "flexible", "strict_correct", "flexible_correct")},
-            "correct": r["correct"],
-            "truncated": r["truncated"],
-            **{k: r[k] for k in tasks.READING_FIELDS},
-        }
-    # self-consistency: one vote per sample on each reading; equivalence as tasks.score judges it
-    kind = answers.get_extractor(extractor).answer_types[0]
-    strict = stats.majority_vote([r["strict"] for r in scored])
-    flexible = stats.majority_vote([r["flexible"] for r in scored])
-    strict_ok = answers.equivalent(kind, strict, item.gold)
-    flexible_ok = answers.equivalent(kind, flexible, item.gold)
-    return {
-        "id": item.id,
-        "completions": [s.text for s in samples],
-        "finish_reasons": [s.finish_reason for s in samples],
-        "prompt_tokens": samples[0].prompt_tokens,
-        "completion_tokens": [s.completion_tokens for s in samples],
-        "gold": item.gold,
-        "sample_strict": [r["strict"] for r in scored],
-        "sample_flexible": [r["flexible"] for r in scored],
-        **{f"sample_{k}": [r[k] for r in scored] for k in tasks.READING_FIELDS},
-        "strict": strict,
-        "flexible": flexible,
-        "strict_correct": strict_ok,
-        "flexible_correct": flexible_ok,
-        "correct": strict_ok if task.headline == "strict" else flexible_ok,
-        "truncated": all(r["truncated"] for r in scored),
-    }
-
-
-def rates(records: list[dict], headline: str) -> dict[str, Any]:
-    """Accuracies and failure rates of scored records (greedy or self-consistency).
-
-    format_failure_rate: items with no headline answer that were not cut at max_tokens, so that
-    an item is exactly one of correct, wrong, format failure, truncated. truncation_rate and
-    mean_completion_tokens count completions (n per item under self-consistency).
-    """
-    n = len(records)
-    if n == 0:
-        raise ValueError("no records to summarise")
-    finishes = [f for r in records for f in r.get("finish_reasons", [r.get("finish_reason")])]
-    lengths = [t for r in records for t in _as_list(r.get("completion_tokens"))]
-    return {
-        "n": n,
-        "headline": headline,
-        "accuracy": sum(bool(r["correct"]) for r in records) / n,
-        "strict_accuracy": sum(bool(r["strict_correct"]) for r in records) / n,
-        "flexible_accuracy": sum(bool(r["flexible_correct"]) for r in records) / n,
-        "format_failure_rate": sum(r[headline] is None and not r["truncated"] for r in records) / n,
-        "truncation_rate": finishes.count("length") / max(1, len(finishes)),
-        "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else None,
-    }
-
-
 def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> dict[str, Any]:
-    """`rates` plus the headline accuracy's percentile bootstrap CI over items (analysis settings)."""
-    out = rates(records, headline)
+    """`scoring.rates` plus the headline accuracy's percentile bootstrap CI over items (analysis
+    settings)."""
+    out = scoring.rates(records, headline)
     ci = stats.accuracy_ci(
         [bool(r["correct"]) for r in records],
         analysis.ci,
@@ -325,9 +236,3 @@ def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> d
     )
     out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high, ci=analysis.ci)
     return out
-
-
-def _as_list(value: Any) -> list:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

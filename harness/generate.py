@@ -20,17 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import answers, engines, tasks
+from harness import answers, engines, scoring, tasks
 from harness.config import Experiment
-from harness.engines import Engine, Request, Sample, Sampling
+from harness.engines import Engine, Request, Sampling
+from harness.scoring import TRACES, trace_record
 from harness.store import Store, atomic_write_bytes
 
 if TYPE_CHECKING:
     from harness.cells import Traces
 
-TRACES = "traces.jsonl"
 CHUNK_SEQS = 4096  # sequences per engine call: large enough that the engine rarely runs dry
-EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 
 
 def run(
@@ -106,7 +105,7 @@ def _generate_cell(
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         drop_unfinished_items(c.dir / TRACES, n)
-        tasks.rescore_partial(c.dir, exp.data_dir)
+        scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
         engines.emit({"skipped": len(records)})
@@ -151,48 +150,11 @@ def _generate_chunk(
         for it in todo
     ]
     requests = [Request(it.id, prompt=p) for it, p in zip(todo, prompts, strict=True)]
-    finished: dict[int, list[Sample]] = {}
-    next_i, pending, last_emit = 0, Counter(), 0.0
     t0 = time.perf_counter()
-    for i, samples in engine.stream(requests, sampling):
-        finished[i] = samples
-        pending["samples"] += len(samples)
-        pending["tokens"] += sum(s.completion_tokens for s in samples)
-        while next_i in finished:
-            for k, s in enumerate(finished.pop(next_i)):
-                write(trace_record(task, todo[next_i], prompts[next_i], k, s, extractor))
-            next_i += 1
-        if time.perf_counter() - last_emit > EMIT_EVERY_S:
-            engines.emit(dict(pending))
-            pending.clear()
-            last_emit = time.perf_counter()
-    engines.emit(dict(pending))
+    for i, samples in engines.in_request_order(engine.stream(requests, sampling)):
+        for k, s in enumerate(samples):
+            write(trace_record(task, todo[i], prompts[i], k, s, extractor))
     return time.perf_counter() - t0
-
-
-def trace_record(
-    task: tasks.TaskSpec, item: tasks.Item, prompt: str, k: int, s: Sample, extractor: str
-) -> dict[str, Any]:
-    """The traces.jsonl record of one sample: prompt, completion, token counts and scores."""
-    scored = tasks.score(
-        task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices")
-    )
-    return {
-        "id": item.id,
-        "sample": k,
-        "prompt": prompt,
-        "completion": s.text,
-        "finish_reason": s.finish_reason,
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.completion_tokens,
-        "gold": item.gold,
-        "strict": scored["strict"],
-        "flexible": scored["flexible"],
-        "strict_correct": scored["strict_correct"],
-        "flexible_correct": scored["flexible_correct"],
-        "correct": scored["correct"],
-        **{k: scored[k] for k in tasks.READING_FIELDS},
-    }
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:
@@ -227,7 +189,7 @@ def summarize(
         "n_samples": len(records),
         "samples_per_item": n,
         "yield": sum(by_item.values()) / max(1, n_items),
-        "accuracy": sum(bool(r["correct"]) for r in records) / count,
+        "accuracy": scoring.accuracy(r["correct"] for r in records),
         "truncation_rate": sum(r["finish_reason"] == "length" for r in records) / count,
         "mean_completion_tokens": sum(r["completion_tokens"] for r in records) / count,
         "generated_tokens": tokens,

@@ -3,7 +3,7 @@
 A distilled student's `post` is scored against its own `base` on the same test items: two 0/1
 correctness vectors in the same item order. `analyze` turns them into a gain with a paired
 bootstrap 95% CI and an exact McNemar p-value; teacher properties are related to post and gain by
-Spearman / Kendall with bootstrap CIs; families of p-values are Holm-adjusted.
+Spearman with bootstrap CIs; families of p-values are Holm-adjusted.
 
     .venv/bin/python -c "from harness.stats import paired_bootstrap; print(paired_bootstrap([0, 1, 0, 1], [1, 1, 1, 0]))"
     .venv/bin/pytest tests/test_stats.py
@@ -20,12 +20,6 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
-
-# Above this many pairs the O(n^2) vectorised Kendall tau is slower than scipy's O(n log n) one
-# called once per resample.
-_KENDALL_VECTORISED_MAX_N = 100
-# Elements of one pairwise sign matrix batch (float64): bounds the vectorised Kendall's memory.
-_KENDALL_BATCH_ELEMENTS = 2**21
 
 
 class Interval(NamedTuple):
@@ -100,28 +94,7 @@ def spearman(
     if xy is None:
         return _NAN_CORRELATION
     res = stats.spearmanr(*xy)
-    low, high = _bootstrap_correlation(xy, _spearman_rows, True, None, ci, n_resamples, seed)
-    return Correlation(float(res.statistic), float(res.pvalue), low, high)
-
-
-def kendall(
-    x: ArrayLike, y: ArrayLike, ci: float = 0.95, n_resamples: int = 2000, seed: int = 0
-) -> Correlation:
-    """Kendall's tau-b and p-value (scipy.stats.kendalltau) with a paired bootstrap CI.
-
-    Pairs with a NaN are dropped. All NaN, without a warning, when fewer than 3 pairs remain or
-    either side is constant.
-    """
-    xy = _complete_pairs(x, y)
-    if xy is None:
-        return _NAN_CORRELATION
-    res = stats.kendalltau(*xy)
-    n = len(xy[0])
-    if n <= _KENDALL_VECTORISED_MAX_N:
-        batch = max(1, _KENDALL_BATCH_ELEMENTS // (n * n))
-        low, high = _bootstrap_correlation(xy, _kendall_rows, True, batch, ci, n_resamples, seed)
-    else:
-        low, high = _bootstrap_correlation(xy, _kendall_one, False, None, ci, n_resamples, seed)
+    low, high = _bootstrap_correlation(xy, _spearman_rows, ci, n_resamples, seed)
     return Correlation(float(res.statistic), float(res.pvalue), low, high)
 
 
@@ -229,8 +202,6 @@ def _complete_pairs(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray]
 def _bootstrap_correlation(
     xy: tuple[np.ndarray, np.ndarray],
     statistic: Callable[..., np.ndarray],
-    vectorized: bool,
-    batch: int | None,
     ci: float,
     n_resamples: int,
     seed: int,
@@ -247,8 +218,7 @@ def _bootstrap_correlation(
             xy,
             statistic,
             n_resamples=n_resamples,
-            batch=batch,
-            vectorized=vectorized,
+            vectorized=True,
             paired=True,
             confidence_level=ci,
             method="percentile",
@@ -268,20 +238,3 @@ def _spearman_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
     # turns 2-D input into a correlation matrix, so the per-resample form goes through pearsonr.
     rx, ry = stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis)
     return stats.pearsonr(rx, ry, axis=axis).statistic
-
-
-def _kendall_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    # scipy.stats.kendalltau takes one pair of vectors; called per resample it costs ~0.3 s for
-    # 2,000 resamples. With pairwise sign matrices s, tau-b = sum(sx*sy) / sqrt(sum(sx^2) sum(sy^2)):
-    # the numerator is 2(concordant - discordant), each sum of squares 2(pairs untied on that side).
-    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
-    sx = np.sign(x[..., :, None] - x[..., None, :])
-    sy = np.sign(y[..., :, None] - y[..., None, :])
-    num = (sx * sy).sum(axis=(-2, -1))
-    den = np.sqrt((sx * sx).sum(axis=(-2, -1)) * (sy * sy).sum(axis=(-2, -1)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return num / den
-
-
-def _kendall_one(x: np.ndarray, y: np.ndarray) -> float:
-    return stats.kendalltau(x, y).statistic

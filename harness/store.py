@@ -114,8 +114,15 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, fsync, rename: readers see the old file or the new one."""
+# the fix for a file the user named (`--out`), where writing elsewhere is also a way out
+OUT_FIX = "free disk space, fix permissions or give another output file path"
+
+
+def atomic_write_bytes(
+    path: Path, data: bytes, fix: str = "free disk space or fix permissions"
+) -> None:
+    """Write to a temporary sibling, fsync, rename: readers see the old file or the new one. A
+    failure is a UserError naming the file and `fix`, what to do about it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -126,13 +133,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise UserError(
-            f"{path}: could not write ({e.strerror}); free disk space or fix permissions, then re-run."
-        ) from None
+        raise UserError(f"{path}: could not write ({e.strerror}); {fix}, then re-run.") from None
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(
+    path: Path, text: str, fix: str = "free disk space or fix permissions"
+) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), fix)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -1,12 +1,12 @@
-"""The task suite: tasks/*.yaml -> items, prompts and scores.
+"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
-    cotgap score --task gsm8k --predictions preds.jsonl --data-dir ../shared/data
 
 A task YAML names its source twice: a hub dataset (id, config, revision, splits) and the original
 files as laid out under a data dir (../shared/data), with a field mapping, an answer type, an
-extractor and prompt templates. A source with a single pool of items (`all`) is divided into
+extractor and prompt templates; or once, a sandbox generator (harness/sandbox/tasks.py). Each kind
+of source is one row of `_SOURCES`. A source with a single pool of items (`all`) is divided into
 train/test by a seeded hash of each question, so the same questions land in the same split
 whichever copy was read. Without a data dir (argument or COTGAP_DATA_DIR) items come from the hub.
 """
@@ -16,12 +16,11 @@ from __future__ import annotations
 import difflib
 import functools
 import hashlib
-import io
 import json
 import os
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -29,12 +28,13 @@ from typing import Any, Literal, TextIO
 from pydantic import Field, model_validator
 
 from harness import answers
-from harness.config import Strict, parse, read_yaml
+from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
 from harness.errors import UserError
+from harness.sandbox import tasks as sandbox
+from harness.store import OUT_FIX, atomic_write_text
 
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
-PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 AnswerFrom = Literal[
     "plain",
     "after_hashes",
@@ -205,6 +205,11 @@ class TaskSpec(Strict):
     def hub_id(self) -> str | None:
         return self.source.hub.id if self.source.hub else None
 
+    @property
+    def source_version(self) -> int | None:
+        """The version of the code that makes the items (the sandbox generators); None for data."""
+        return sandbox.VERSION if self.source.sandbox is not None else None
+
 
 class Exemplar(Strict):
     question: str
@@ -231,16 +236,6 @@ class Item:
 # --- finding and reading task files -------------------------------------------------------------------
 
 
-def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else tasks/ at the repository root."""
-    env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
-
-
-def task_names() -> list[str]:
-    return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
-
-
 @functools.lru_cache(maxsize=256)
 def _load_task_file(path: str, mtime_ns: int) -> TaskSpec:
     spec: TaskSpec = parse(TaskSpec, read_yaml(path), path)
@@ -261,18 +256,15 @@ def load_task(name: str) -> TaskSpec:
     return _load_task_file(str(path), path.stat().st_mtime_ns)
 
 
-def _spec(task: TaskSpec | str) -> TaskSpec:
+def task_spec(task: TaskSpec | str) -> TaskSpec:
+    """A task's spec, loaded when given by name."""
     return task if isinstance(task, TaskSpec) else load_task(task)
 
 
-def source_version(spec: TaskSpec) -> int | None:
-    """The version of the code that makes a task's items, where code makes them (the sandbox
-    generators); None for tasks read from files or the hub (their YAML `version` says it)."""
-    if spec.source.sandbox is None:
-        return None
-    from harness.sandbox.tasks import VERSION
-
-    return VERSION
+def _sizes(spec: TaskSpec) -> dict[str, int]:
+    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    sb = spec.source.sandbox
+    return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
 
 def list_tasks_table() -> list[dict[str, Any]]:
@@ -280,9 +272,8 @@ def list_tasks_table() -> list[dict[str, Any]]:
     rows = []
     for name in task_names():
         spec = load_task(name)
-        sizes = dict(spec.sizes)
+        sizes = _sizes(spec)
         if spec.source.sandbox is not None:
-            sizes = {"train": spec.source.sandbox.n_train, "test": spec.source.sandbox.n_test}
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
             source = spec.hub_id or "files only"
@@ -318,7 +309,8 @@ def data_dir_or_env(data_dir: str | Path | None) -> Path | None:
     return Path(value) if value else None
 
 
-def _read_utf8(path: Path) -> str:
+def read_utf8(path: Path) -> str:
+    """A file's text; one that is not UTF-8 is a UserError naming the line."""
     data = path.read_bytes()
     try:
         return data.decode("utf-8")
@@ -344,7 +336,7 @@ def _read_records(path: Path, fmt: str) -> list[tuple[str, Any]]:
             (f"<Problem> {i + 1}", {**p.attrib, **{c.tag: (c.text or "") for c in p}})
             for i, p in enumerate(problems)
         ]
-    text = _read_utf8(path)
+    text = read_utf8(path)
     if fmt == "jsonl":
         out = []
         for lineno, line in enumerate(text.split("\n"), 1):
@@ -405,7 +397,7 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
                 raise UserError(
                     f"{path}: no such file; task {spec.name} keeps the ids listed there."
                 )
-            keep.update(_read_utf8(path).split())
+            keep.update(read_utf8(path).split())
         id_path = spec.fields.id
         rows = [r for r in rows if str(_get(r.data, id_path)) in keep]
     return rows
@@ -458,16 +450,19 @@ def _file_list(spec: TaskSpec) -> str:
     return ", ".join(p for paths in files.splits.values() for p in paths) if files else "(none)"
 
 
-def _sandbox_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
-    from harness.sandbox.tasks import generate_items
-
+def _sandbox_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
     sb = spec.source.sandbox
-    rows = []
-    for key in keys:
-        n = sb.n_train if key == "train" else sb.n_test
-        for i, rec in enumerate(generate_items(sb.generator, key, n, sb.seed)):
-            rows.append(_Row(f"sandbox generator {sb.generator} split {key} item {i}", key, i, rec))
-    return rows
+    return [_Row(*row) for row in sandbox.source_rows(sb.generator, _sizes(spec), sb.seed, keys)]
+
+
+# How each kind of source gives its rows: (spec, source splits, data dir) -> rows. Rows become
+# items through the task's fields (a sandbox generator's items have fixed ones).
+_SOURCES: dict[str, Callable[[TaskSpec, Iterable[str], Path | None], list[_Row]]] = {
+    "hub": lambda spec, keys, data_dir: _hub_rows(spec, keys),
+    "files": _file_rows,
+    "sandbox": _sandbox_rows,
+}
+_SANDBOX_FIELDS = Fields(id="id", question="question", answer="answer", rationale="rationale")
 
 
 # --- rows to items ------------------------------------------------------------------------------------------
@@ -630,21 +625,6 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
     return Item(item_id, row.index, question, gold, meta)
 
 
-def _sandbox_item(spec: TaskSpec, row: _Row) -> Item:
-    rec = row.data
-    for key in ("id", "question", "answer", "rationale"):
-        if not isinstance(rec.get(key), str):
-            raise UserError(
-                f"{row.where}: field {key!r} must be text (harness.sandbox.tasks.generate_items)."
-            )
-    gold = answers.canonical(spec.answer_type, rec["answer"])
-    if gold is None:
-        raise UserError(
-            f"{row.where}: field 'answer': {rec['answer']!r} is not a valid {spec.answer_type}."
-        )
-    return Item(rec["id"], row.index, rec["question"], gold, {"rationale": rec["rationale"]})
-
-
 def _split_order(items: list[Item], split: SplitSpec) -> tuple[list[Item], list[Item]]:
     """Train and test of a single pool: items ordered by a seeded hash of their question."""
 
@@ -666,51 +646,47 @@ def load_items(
 ) -> list[Item]:
     """Items of one split, every row validated; the first `limit` of them when given.
 
-    Files under `data_dir` (or $COTGAP_DATA_DIR) when set, else the hub. The train/test split of a
-    single pool is its seeded hash order; a source's own train/test files keep their file order.
+    Files under `data_dir` (or $COTGAP_DATA_DIR) when set, else the hub; a sandbox task's from its
+    generator. The train/test split of a single pool is its seeded hash order; a source's own
+    train/test files keep their file order.
     """
-    spec = _spec(task)
+    spec = task_spec(task)
     if split not in SPLITS:
         raise UserError(
             f"unknown split {split!r} for task {spec.name}; valid: {', '.join(SPLITS)}."
         )
-    src = spec.source
-    if src.sandbox is not None:
-        keys = ["train", "test"] if split == "all" else [split]
-        items = [_sandbox_item(spec, r) for r in _sandbox_rows(spec, keys)]
-        _check_unique(spec, items)
-        expected = {"train": src.sandbox.n_train, "test": src.sandbox.n_test}
-        expected["all"] = expected["train"] + expected["test"]
-    else:
-        pooled = set(src.files.splits) == {"all"}
-        keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
-        root = data_dir_or_env(data_dir)
-        rows = _file_rows(spec, keys, root) if root is not None else _hub_rows(spec, keys)
-        fields = src.hub.fields if root is None and src.hub.fields is not None else spec.fields
-        skip = {e.index for e in spec.exclude}
-        rows = [row for row in rows if row.index not in skip]
-        items = []
-        for row in rows:
-            default_id = (
-                f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
-            )
-            items.append(_make_item(spec, fields, row, default_id))
-        _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
-        expected = spec.sizes
-        if pooled and split != "all":
-            _check_size(spec, "all", len(items), expected.get("all"), root)
-            train, test = _split_order(items, spec.split)
-            items = train if split == "train" else test
-    _check_size(spec, split, len(items), expected.get(split), data_dir_or_env(data_dir))
+    src, root = spec.source, data_dir_or_env(data_dir)
+    kind = "sandbox" if src.sandbox else "files" if root is not None else "hub"
+    pooled = src.files is not None and set(src.files.splits) == {"all"}
+    keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
+    rows = _SOURCES[kind](spec, keys, root)
+    fields = _SANDBOX_FIELDS if src.sandbox else spec.fields
+    if kind == "hub" and src.hub.fields is not None:
+        fields = src.hub.fields
+    skip = {e.index for e in spec.exclude}
+    rows = [row for row in rows if row.index not in skip]
+    items = []
+    for row in rows:
+        default_id = (
+            f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
+        )
+        items.append(_make_item(spec, fields, row, default_id))
+    _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
+    expected = _sizes(spec)
+    if pooled and split != "all":
+        _check_size(spec, "all", len(items), expected.get("all"), root)
+        train, test = _split_order(items, spec.split)
+        items = train if split == "train" else test
+    _check_size(spec, split, len(items), expected.get(split), root)
     return items[:limit] if limit is not None else items
 
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
     """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
-    return [{"source_index": e.index, "reason": e.reason} for e in _spec(task).exclude]
+    return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
-def _excluded_ids(spec: TaskSpec) -> set[str]:
+def excluded_ids(spec: TaskSpec) -> set[str]:
     """Item ids the excluded rows would have had (pooled sources without an id field)."""
     files, fields = spec.source.files, spec.fields
     if files is None or set(files.splits) != {"all"} or fields is None or fields.id is not None:
@@ -777,7 +753,7 @@ def fewshot_exemplars(
     task: TaskSpec | str, data_dir: str | Path | None = None
 ) -> tuple[str, tuple[tuple[str, str], ...]]:
     """(preamble, ((question, answer), ...)) of a task's few-shot CoT exemplars."""
-    spec = _spec(task)
+    spec = task_spec(task)
     ref = spec.fewshot
     if ref is None:
         raise UserError(
@@ -814,7 +790,7 @@ def render_prompt(
 ) -> str:
     """The user message for an item. Few-shot uses the first `num_fewshot` exemplars (0 = all),
     leaving out an exemplar that is this very question."""
-    spec = _spec(task)
+    spec = task_spec(task)
     if style == "zero_shot_cot":
         return _render(spec.prompt.zero_shot_cot, question=item.question)
     if style != "few_shot_cot":
@@ -830,330 +806,6 @@ def render_prompt(
     if preamble:
         block = f"{preamble}\n\n{block}"
     return _render(spec.prompt.few_shot_cot, fewshot=block, question=item.question)
-
-
-# where each answer came from (rule, span) or why there is none (reason): in every verdict record
-READING_FIELDS = tuple(
-    f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
-)
-
-# --- scoring ------------------------------------------------------------------------------------------------
-
-
-def score(
-    task: TaskSpec | str,
-    completion: str,
-    gold: str,
-    finish_reason: str | None = "stop",
-    extractor: str | None = None,
-    choices: list[str] | None = None,
-) -> dict[str, Any]:
-    """Strict and flexible answers of one completion, side by side; `correct` is the headline.
-
-    A truncated generation (finish_reason "length") is never scored as an answer. Only the text
-    after the last </think> is read. `choices` (the item's option texts) lets a choice extractor
-    match an answer given as option text instead of a letter."""
-    spec = _spec(task)
-    ex = answers.get_extractor(extractor or spec.extractor)
-    if spec.answer_type not in ex.answer_types:
-        raise UserError(
-            f"extractor {ex.name!r} cannot score task {spec.name} (answer_type {spec.answer_type}); "
-            f"it scores {', '.join(ex.answer_types)}."
-        )
-    out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
-    if finish_reason == "length":
-        none = answers.Reading(None, reason="truncated at max_tokens")
-        return {**out, "strict": None, "flexible": None, "strict_correct": False,
-                "flexible_correct": False, "correct": False, "truncated": True,
-                **none.fields("strict"), **none.fields("flexible")}  # fmt: skip
-    text = answers.scored_text(completion if isinstance(completion, str) else "")
-    strict, flexible = ex.read(text, choices)
-    kind = ex.answer_types[0]
-    strict_ok = answers.equivalent(kind, strict.value, gold)
-    flexible_ok = (
-        strict_ok
-        if flexible.value == strict.value
-        else answers.equivalent(kind, flexible.value, gold)
-    )
-    return {
-        **out,
-        "strict": strict.value,
-        "flexible": flexible.value,
-        "strict_correct": strict_ok,
-        "flexible_correct": flexible_ok,
-        "correct": strict_ok if spec.headline == "strict" else flexible_ok,
-        "truncated": False,
-        **strict.fields("strict"),
-        **flexible.fields("flexible"),
-    }
-
-
-def _read_predictions(
-    path: Path, by_id: dict[str, Item], spec: TaskSpec, split: str
-) -> dict[str, dict]:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file; give a JSONL file of {{id, completion}} records.")
-    preds: dict[str, dict] = {}
-    records = 0  # excluded rows count: a file of only those is not empty
-    # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
-    with io.StringIO(_read_utf8(path)) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            records += 1
-            where = f"{path}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{where}: not valid JSON ({e.msg}); one object per line."
-                ) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-                raise UserError(
-                    f"{where}: field 'id' is missing or not text; each line needs id and completion."
-                )
-            if not isinstance(rec.get("completion"), str):
-                raise UserError(f"{where}: field 'completion' is missing or not text.")
-            if rec["id"] in _excluded_ids(spec):
-                continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
-            if rec["id"] not in by_id:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
-                    f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
-                )
-            if rec["id"] in preds:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
-                )
-            preds[rec["id"]] = rec
-    if not records:
-        raise UserError(
-            f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "
-            "per line."
-        )
-    return preds
-
-
-def _write_atomic(path: Path, lines: Iterable[str]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tmp.open("w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line + "\n")
-        os.replace(tmp, path)
-    except OSError as e:
-        raise UserError(
-            f"{path}: could not write ({e.strerror}); free disk space, fix permissions or give "
-            "another output file path, then re-run."
-        ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def score_file(
-    task: TaskSpec | str,
-    predictions_path: str | Path,
-    data_dir: str | Path | None = None,
-    split: str = "test",
-    out_path: str | Path | None = None,
-    extractor: str | None = None,
-) -> dict[str, Any]:
-    """Re-score a JSONL of {id, completion[, finish_reason]} without an engine.
-
-    Writes one result per item of the split (default <predictions>.scored.jsonl) and returns a
-    summary; items without a prediction count as missing and incorrect."""
-    spec = _spec(task)
-    pred_path = Path(predictions_path)
-    items = load_items(spec, split, data_dir)
-    by_id = {item.id: item for item in items}
-    preds = _read_predictions(pred_path, by_id, spec, split)
-    results = []
-    for item in items:
-        rec = preds.get(item.id)
-        base = {"id": item.id, "source_index": item.source_index, "gold": item.gold}
-        if rec is None:
-            none = answers.Reading(None, reason="no prediction for this item")
-            results.append({**base, "missing": True, "strict": None, "flexible": None, "strict_correct": False,
-                            "flexible_correct": False, "correct": False, "truncated": False,
-                            **none.fields("strict"), **none.fields("flexible")})  # fmt: skip
-            continue
-        finish = rec.get("finish_reason", "stop")
-        scored = score(
-            spec, rec["completion"], item.gold, finish, extractor, item.meta.get("choices")
-        )
-        results.append({**base, "missing": False, "finish_reason": finish, **scored})
-    out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
-    _write_atomic(out, (json.dumps(r, ensure_ascii=False) for r in results))
-    n = len(results)
-    headline = spec.headline
-    missing = [r["id"] for r in results if r["missing"]]
-    ex = answers.get_extractor(extractor or spec.extractor)
-    return {
-        "task": spec.name,
-        "task_version": spec.version,
-        "split": split,
-        "extractor": ex.name,
-        "extractor_version": ex.version,
-        "headline": headline,
-        "n": n,
-        "n_predictions": len(preds),
-        "excluded_rows": len(spec.exclude),
-        "accuracy": sum(r["correct"] for r in results) / max(n, 1),
-        "strict_accuracy": sum(r["strict_correct"] for r in results) / max(n, 1),
-        "flexible_accuracy": sum(r["flexible_correct"] for r in results) / max(n, 1),
-        # one definition with the eval stage: no answer extracted from a completion that was not
-        # truncated (truncated and missing items are counted on their own)
-        "format_failure_rate": sum(
-            r[headline] is None and not r["truncated"] and not r["missing"] for r in results
-        )
-        / max(n, 1),
-        "truncation_rate": sum(r["truncated"] for r in results) / max(n, 1),
-        "truncated": sum(r["truncated"] for r in results),
-        "missing": len(missing),
-        "missing_ids": missing[:20],
-        "out": str(out),
-    }
-
-
-def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
-    import yaml
-
-    config = yaml.safe_load((cell / "config.yaml").read_text(encoding="utf-8"))
-    return config, load_task(config["task"]["name"]), config["task"]["extractor"]
-
-
-def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[dict[str, Any]]:
-    """The records of one complete eval or traces cell, re-scored with the current extractor from
-    their stored completions, without an engine; the cell is not modified. Each record is what the
-    stage that made the cell writes (`evaluate.record`, `generate.trace_record`) with the stored
-    token counts. Option texts (for answers given as text) come from the data dir when one is given."""
-    from harness.engines.base import Sample
-    from harness.evaluate import PREDICTIONS, record
-    from harness.generate import TRACES, trace_record
-
-    cell = Path(cell)
-    config, spec, extractor = _cell_config(cell)
-    ident, traces = config["task"], "evaluate" not in config
-    choices: dict[str, Any] = {}
-    if data_dir_or_env(data_dir) is not None:
-        items = load_items(spec, ident["split"], data_dir, ident.get("limit"))
-        choices = {it.id: it.meta.get("choices") for it in items}
-    path = cell / (TRACES if traces else PREDICTIONS)
-    new = []
-    for rec in (json.loads(line) for line in path.read_text("utf-8").splitlines() if line):
-        item = Item(rec["id"], 0, "", rec["gold"], {"choices": choices.get(rec["id"])})
-        if traces:
-            sample = Sample(rec["completion"], (), 0, rec["finish_reason"])
-            scored = trace_record(spec, item, rec["prompt"], rec["sample"], sample, extractor)
-        else:
-            texts = rec["completions"] if "completions" in rec else [rec["completion"]]
-            finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
-            samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
-            scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
-        keep = ("prompt_tokens", "completion_tokens")
-        new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
-    return new
-
-
-def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
-    """Re-score, in place, the records a killed run left in a cell being computed (before the
-    run resumes; a cut last line is removed): the extractor may have changed in between, and the
-    key leaves its version out, so old verdicts must not end up beside new ones. With the same
-    extractor the file keeps its bytes."""
-    from harness.evaluate import PREDICTIONS
-    from harness.generate import TRACES
-    from harness.store import atomic_write_bytes, read_jsonl
-
-    path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
-    if not read_jsonl(path, repair=True):
-        return
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rescore_cell(cell, data_dir))
-    if data.encode("utf-8") != path.read_bytes():
-        atomic_write_bytes(path, data.encode("utf-8"))
-
-
-def rescore_due(recorded: dict[str, Any]) -> bool:
-    """Whether a cell's stored verdicts come from another version of its extractor than today's
-    (`recorded`: its metrics.json or manifest summary); then `rescore_cell` gives today's. A cell
-    that records no extractor version (made by hand) is taken as it is."""
-    version, name = recorded.get("extractor_version"), recorded.get("extractor")
-    return (
-        version is not None and name is not None and answers.get_extractor(name).version != version
-    )
-
-
-def rescore_results(
-    root: str | Path, data_dir: str | Path | None = None, out_dir: str | Path | None = None
-) -> list[dict[str, Any]]:
-    """Re-score every complete eval cell of a results directory with the current extractors,
-    from its stored completions, without an engine (`rescore_cell`). Cells are left as they are:
-    the re-scored records go to <out_dir>/<key>.jsonl (default <root>/rescored/); returns one
-    summary per cell."""
-    from harness.evaluate import METRICS, PREDICTIONS, rates
-
-    root = Path(root)
-    cells = sorted(p.parent for p in (root / "cells" / "eval").glob("*/manifest.json"))
-    if not cells:
-        raise UserError(
-            f"{root}: no complete eval cells under cells/eval/; give a results directory."
-        )
-    out_root = Path(out_dir) if out_dir else root / "rescored"
-    summaries = []
-    for cell in cells:
-        _, spec, extractor = _cell_config(cell)
-        old = [
-            json.loads(line)
-            for line in (cell / PREDICTIONS).read_text("utf-8").splitlines()
-            if line
-        ]
-        new = rescore_cell(cell, data_dir)
-        _write_atomic(
-            out_root / f"{cell.name}.jsonl", (json.dumps(r, ensure_ascii=False) for r in new)
-        )
-        stored = json.loads((cell / METRICS).read_text("utf-8"))
-        summaries.append(
-            {
-                "cell": cell.name,
-                "task": spec.name,
-                "n": len(new),
-                "extractor": extractor,
-                "stored_extractor_version": stored.get("extractor_version"),
-                "extractor_version": answers.get_extractor(extractor).version,
-                "stored_accuracy": stored.get("accuracy"),
-                **rates(new, spec.headline),
-                "changed_verdicts": sum(
-                    a["correct"] != b["correct"] for a, b in zip(old, new, strict=True)
-                ),
-                "out": str(out_root / f"{cell.name}.jsonl"),
-            }
-        )
-    return summaries
-
-
-def explain(result: dict[str, Any]) -> str:
-    """One scored item as text: verdict, gold, and each reading with its rule and span, or why
-    it has no answer."""
-    mark = "ok   " if result["correct"] else "WRONG"
-    if result.get("missing"):
-        return f"{mark} {result['id']}  gold={result['gold']!r}  no prediction"
-    parts = [f"{mark} {result['id']}  gold={result['gold']!r}"]
-    for reading in ("strict", "flexible"):
-        value, rule = result.get(reading), result.get(f"{reading}_rule")
-        if value is not None:
-            parts.append(f"{reading}={value!r} [{rule}: {result.get(f'{reading}_span') or ''}]")
-        else:
-            where = f" [{rule}: {result.get(f'{reading}_span')}]" if rule else ""
-            parts.append(f"{reading}=None ({result.get(f'{reading}_reason')}){where}")
-    return "  ".join(parts)
-
-
-def explain_file(path: str | Path) -> Iterable[str]:
-    """`explain` for every record of a scored JSONL file (`cotgap score --explain`)."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield explain(json.loads(line))
 
 
 def items_jsonl(
@@ -1179,7 +831,7 @@ def items_jsonl(
         for it in items
     )
     if isinstance(out, (str, Path)):
-        _write_atomic(Path(out), lines)
+        atomic_write_text(Path(out), "".join(line + "\n" for line in lines), OUT_FIX)
     else:
         import sys
 

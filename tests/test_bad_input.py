@@ -578,7 +578,7 @@ def test_bad_input_exits_2_with_context(ws: Workspace, case: str) -> None:
 def test_hub_id_while_offline(ws: Workspace) -> None:
     cfg = ws.config(_set("teachers[0].path", "no-such-org/no-such-model"))
     before = ws.files()
-    msg = error_message(cotgap(ws, "run", cfg, "--only", "traces"))
+    msg = error_message(cotgap(ws, "run", cfg, "--only", "generate"))
     for needle in (
         "model 'big'",
         "'no-such-org/no-such-model' is a hub id",
@@ -766,7 +766,7 @@ def test_analyze_removes_what_a_killed_analysis_left(ws: Workspace) -> None:
     assert sorted(p.name for p in root.iterdir()) == ["analysis", "cells"]
 
 
-# Finding 5 of issue #23. The fix belongs in tasks.score_file and the `score` command, which the
+# Finding 5 of issue #23. The fix belongs in scoring.score_file and the `score` command, which the
 # answer-extraction work owns; these fail until it lands (strict: an XPASS says remove the mark).
 def test_score_refuses_an_empty_predictions_file(ws: Workspace) -> None:
     preds = ws.raw("preds.jsonl", "\n")

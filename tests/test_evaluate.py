@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harness import evaluate, metric, tasks
+from harness import evaluate, metric, scoring, tasks
 from harness import grid as grids
 from harness.cells import Cell
 from harness.cli import app
@@ -203,7 +203,7 @@ def test_metric_loads_offline_by_path_and_matches_tasks_score() -> None:
     finish = ["stop", "stop", "stop", "length", "stop"]
     got = acc.compute(predictions=completions, references=gold, task=TASK, finish_reasons=finish)
     spec = tasks.load_task(TASK)
-    want = [tasks.score(spec, c, g, f) for c, g, f in zip(completions, gold, finish, strict=True)]
+    want = [scoring.score(spec, c, g, f) for c, g, f in zip(completions, gold, finish, strict=True)]
     assert got["accuracy"] == sum(w["correct"] for w in want) / 5 == 0.6
     assert got["strict_accuracy"] == sum(w["strict_correct"] for w in want) / 5
     assert got["flexible_accuracy"] == sum(w["flexible_correct"] for w in want) / 5 == 0.6

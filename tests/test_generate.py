@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from test_engines import engine_for, tiny_model_dir
 
-from harness import answers, engines, generate, plan, tasks
+from harness import answers, engines, generate, plan, scoring, tasks
 from harness import grid as grids
 from harness.cells import Cell
 from harness.config import Experiment
@@ -90,7 +90,7 @@ def test_traces_records_and_manifest(reference):
             assert r["finish_reason"] in ("stop", "length")
             assert 0 < r["completion_tokens"] <= 40 and r["prompt_tokens"] > len(r["prompt"])
             assert (r["completion_tokens"] == 40) == (r["finish_reason"] == "length")
-            scored = tasks.score(
+            scored = scoring.score(
                 task, r["completion"], item.gold, r["finish_reason"], task.extractor
             )
             assert {k: r[k] for k in ("strict", "flexible", "correct")} == {

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 from helpers import sandbox_grid
 
-from harness import analyze, answers, dataset, evaluate, generate, plan, schedule, tasks
+from harness import analyze, answers, dataset, evaluate, generate, plan, schedule, scoring, tasks
 from harness import grid as grids
 from harness.cells import Cell
 from harness.config import Experiment
@@ -180,7 +180,7 @@ def test_rescoring_a_results_directory_takes_seconds(grid, monkeypatch) -> None:
     exp, store, made = grid
     bump(monkeypatch)
     t0 = time.perf_counter()
-    summaries = tasks.rescore_results(exp.root)
+    summaries = scoring.rescore_results(exp.root)
     seconds = time.perf_counter() - t0
     assert len(summaries) == 3 and seconds < 10, seconds
     version = answers.EXTRACTORS[EXTRACTOR].version
@@ -236,12 +236,12 @@ def test_a_resumed_cell_is_rescored_before_it_goes_on(tmp_path, monkeypatch) -> 
         path = d / (generate.TRACES if c.kind == "traces" else evaluate.PREDICTIONS)
         path.write_bytes(path.read_bytes() + b'{"id": "cut')
         whole = path.read_bytes().rsplit(b"\n", 1)[0] + b"\n"
-        tasks.rescore_partial(d)
+        scoring.rescore_partial(d)
         assert path.read_bytes() == whole and not store.complete(c.kind, c.key)
         old = read_jsonl(path)
         with monkeypatch.context() as m:
             bump(m)
-            tasks.rescore_partial(d)
+            scoring.rescore_partial(d)
         new = read_jsonl(path)
         assert [r["id"] for r in new] == [r["id"] for r in old]
         flipped = [r["strict"] is not None for r in old]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import answers, tasks
+from harness import answers, scoring, tasks
 from harness.errors import UserError
 
 REAL = [
@@ -283,7 +283,7 @@ def test_predictions_for_excluded_rows_are_skipped(shared_data, tmp_path):
     preds = tmp_path / "p.jsonl"
     recs = [{"id": "bbh_ruin_names-99", "completion": "So the answer is (A)."}]
     preds.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    summary = tasks.score_file("bbh_ruin_names", preds, data_dir=shared_data, split="all")
+    summary = scoring.score_file("bbh_ruin_names", preds, data_dir=shared_data, split="all")
     assert summary["n"] == 248 and summary["n_predictions"] == 0 and summary["excluded_rows"] == 2
 
 
@@ -326,7 +326,7 @@ def _gold_completion(name: str, item: tasks.Item) -> str:
 def _accuracy(name: str, items, completions, key: str = "correct") -> float:
     spec = tasks.load_task(name)
     hits = [
-        tasks.score(spec, c, it.gold, choices=it.meta.get("choices"))[key]
+        scoring.score(spec, c, it.gold, choices=it.meta.get("choices"))[key]
         for c, it in zip(completions, items, strict=True)
     ]
     return sum(hits) / len(hits)
@@ -441,13 +441,13 @@ def test_sandbox_tasks_have_no_few_shot():
 
 def test_score_reads_after_think_and_never_scores_truncation():
     spec = tasks.load_task("gsm8k")
-    r = tasks.score(spec, "<think>The answer is 7.</think>The answer is 18.", "18")
+    r = scoring.score(spec, "<think>The answer is 7.</think>The answer is 18.", "18")
     assert (r["strict"], r["correct"], r["truncated"]) == ("18", True, False)
-    r = tasks.score(spec, "<think>The answer is 18.</think>I give up.", "18")
+    r = scoring.score(spec, "<think>The answer is 18.</think>I give up.", "18")
     assert r["strict"] is None and r["flexible"] is None and not r["correct"]
-    r = tasks.score(spec, "The answer is 18.", "18", finish_reason="length")
+    r = scoring.score(spec, "The answer is 18.", "18", finish_reason="length")
     assert (r["strict"], r["flexible"], r["correct"], r["truncated"]) == (None, None, False, True)
-    r = tasks.score(spec, "The total is 18 dollars", "18")
+    r = scoring.score(spec, "The total is 18 dollars", "18")
     assert (r["strict"], r["flexible"], r["correct"], r["flexible_correct"]) == (
         None,
         "18",
@@ -457,12 +457,12 @@ def test_score_reads_after_think_and_never_scores_truncation():
 
 
 def test_score_extractor_override():
-    r = tasks.score("gsm8k", "so $x = \\boxed{\\frac{36}{2}}$", "18", extractor="math")
+    r = scoring.score("gsm8k", "so $x = \\boxed{\\frac{36}{2}}$", "18", extractor="math")
     assert r["correct"] and r["extractor"] == "math"
     with pytest.raises(UserError, match="cannot score task gsm8k"):
-        tasks.score("gsm8k", "The answer is yes.", "18", extractor="yes_no")
+        scoring.score("gsm8k", "The answer is yes.", "18", extractor="yes_no")
     with pytest.raises(UserError, match="unknown extractor"):
-        tasks.score("gsm8k", "The answer is 18.", "18", extractor="numbers")
+        scoring.score("gsm8k", "The answer is 18.", "18", extractor="numbers")
 
 
 # --- score_file() ------------------------------------------------------------------------------------------
@@ -487,7 +487,7 @@ def test_score_file(shared_data, tmp_path):
     preds += [{"id": items[13].id, "completion": f"It is {items[13].gold}"}]  # flexible only
     path = tmp_path / "preds.jsonl"
     _write_jsonl(path, preds)
-    summary = tasks.score_file("gsm8k", path, data_dir=shared_data)
+    summary = scoring.score_file("gsm8k", path, data_dir=shared_data)
     n = len(items)
     assert summary["n"] == n == 1319 and summary["n_predictions"] == 14
     assert summary["accuracy"] == summary["strict_accuracy"] == pytest.approx(10 / n)
@@ -525,7 +525,7 @@ def test_score_file_rejects_bad_predictions(shared_data, tmp_path, lines, messag
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(UserError, match=message):
-        tasks.score_file("gsm8k", path, data_dir=shared_data, out_path=tmp_path / "o.jsonl")
+        scoring.score_file("gsm8k", path, data_dir=shared_data, out_path=tmp_path / "o.jsonl")
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -536,8 +536,8 @@ def test_score_explain_names_rule_span_and_reason(shared_data, tmp_path):
         {"id": "gsm8k-test-1", "completion": "So the answer is: it depends."},
     ]
     preds.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    summary = tasks.score_file("gsm8k", preds, data_dir=shared_data)
-    lines = list(tasks.explain_file(summary["out"]))
+    summary = scoring.score_file("gsm8k", preds, data_dir=shared_data)
+    lines = list(scoring.explain_file(summary["out"]))
     assert lines[0].startswith("ok ") and "[answer_phrase: 18.]" in lines[0]
     assert "the last answer statement names no number" in lines[1]
     assert lines[2].endswith("no prediction")
@@ -571,7 +571,7 @@ def test_rescore_results_dir_without_an_engine(tmp_path):
     ]  # fmt: skip
     _fake_eval_cell(tmp_path, "0" * 20, recs, 1)
     before = (tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl").read_bytes()
-    (summary,) = tasks.rescore_results(tmp_path)
+    (summary,) = scoring.rescore_results(tmp_path)
     assert summary["stored_extractor_version"] == 1
     assert summary["extractor_version"] == answers.EXTRACTORS["number"].version
     assert summary["accuracy"] == pytest.approx(1 / 3) and summary["changed_verdicts"] == 1
@@ -580,7 +580,18 @@ def test_rescore_results_dir_without_an_engine(tmp_path):
     assert rescored[2]["strict_reason"] == "truncated at max_tokens"
     assert (tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl").read_bytes() == before
     with pytest.raises(UserError, match="no complete eval cells"):
-        tasks.rescore_results(tmp_path / "empty")
+        scoring.rescore_results(tmp_path / "empty")
+
+
+def test_rescore_reads_completions_holding_a_line_separator(tmp_path):
+    """Records are split at "\n" only: a completion may hold U+2028, which JSON leaves as is."""
+    rec = {"id": "a", "completion": "3+15=18.\u2028The answer is 18.", "gold": "18",
+           "finish_reason": "stop", "strict": None, "correct": False}  # fmt: skip
+    _fake_eval_cell(tmp_path, "0" * 20, [rec], 1)
+    preds = tmp_path / "cells/eval" / ("0" * 20) / "predictions.jsonl"
+    preds.write_text(json.dumps(rec, ensure_ascii=False) + "\n", encoding="utf-8")
+    (summary,) = scoring.rescore_results(tmp_path)
+    assert summary["n"] == 1 and summary["accuracy"] == 1.0
 
 
 def test_items_jsonl(shared_data, tmp_path, monkeypatch):
@@ -674,7 +685,7 @@ def test_sandbox_tasks_load_and_their_rationales_score(name):
     assert not {it.question for it in train} & {it.question for it in test}
     assert tasks.render_prompt(spec, test[0], "zero_shot_cot") == test[0].question
     assert all(
-        tasks.score(spec, it.meta["rationale"], it.gold)["correct"] for it in [*train, *test]
+        scoring.score(spec, it.meta["rationale"], it.gold)["correct"] for it in [*train, *test]
     )
     assert tasks.load_items(spec, "test", limit=5) == test[:5]
 
@@ -687,5 +698,15 @@ def test_sandbox_rows_are_validated(monkeypatch):
         "generate_items",
         lambda g, s, n, seed: [{"id": "a", "question": "q", "answer": "x", "rationale": "r"}],
     )
-    with pytest.raises(UserError, match="field 'answer': 'x' is not a valid number"):
+    with pytest.raises(UserError, match="field 'answer': gold answer 'x' is not a valid number"):
         tasks.load_items("sandbox_addition", "test")
+    monkeypatch.setattr(sandbox, "generate_items", lambda g, s, n, seed: [{"id": "a"}])
+    with pytest.raises(UserError, match="field 'question' must be text"):
+        tasks.load_items("sandbox_addition", "test")
+
+
+def test_source_version_is_the_sandbox_generators_version():
+    import harness.sandbox.tasks as sandbox
+
+    assert tasks.load_task("sandbox_addition").source_version == sandbox.VERSION == 1
+    assert tasks.load_task("gsm8k").source_version is None

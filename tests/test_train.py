@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from itertools import islice
@@ -533,21 +534,31 @@ def test_run_needs_a_complete_dataset(toy: tuple) -> None:
 PROMPTS = ["3+4", "9+9", "0+7", "5+2", "8+1"]
 
 
-@pytest.fixture(scope="session")
-def vllm_engine(tiny_model: Path) -> Any:
-    pytest.importorskip("vllm")
-    from vllm import LLM
+VLLM_GREEDY = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+model, adapter, prompts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+llm = LLM(model, kv_cache_memory_bytes=1 << 30, dtype="float32", enforce_eager=True,
+          enable_lora=True, max_lora_rank=8, max_model_len=256, seed=0)
+sp = SamplingParams(temperature=0, max_tokens=24)
+texts = lambda outs: [o.outputs[0].text for o in outs]
+lora = llm.generate(prompts, sp, lora_request=LoRARequest("toy", 1, adapter), use_tqdm=False)
+base = llm.generate(prompts, sp, use_tqdm=False)
+print("RESULT " + json.dumps({"lora": texts(lora), "base": texts(base)}))
+"""
 
-    return LLM(
-        str(tiny_model),
-        kv_cache_memory_bytes=1 << 30,
-        dtype="float32",
-        enforce_eager=True,
-        enable_lora=True,
-        max_lora_rank=8,
-        max_model_len=256,
-        seed=0,
-    )
+
+def vllm_greedy(model: Path, adapter: Path, prompts: list[str]) -> dict[str, list[str]]:
+    """Greedy completions by raw vLLM with and without the adapter, in a process of its own: a
+    vLLM engine started in this pytest process after the other files' in-process engines can find
+    their torch.distributed state torn down (seen when the whole suite runs)."""
+    pytest.importorskip("vllm")
+    args = [sys.executable, "-c", VLLM_GREEDY, str(model), str(adapter), json.dumps(prompts)]
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
 
 
 def chat(tok: Any, prompt: str) -> str:
@@ -564,13 +575,9 @@ def hf_greedy(model: Any, tok: Any, prompts: list[str]) -> list[str]:
     return out
 
 
-def test_vllm_and_peft_serve_the_same_trained_adapter(
-    trained: tuple, tiny_model: Path, vllm_engine: Any
-) -> None:
+def test_vllm_and_peft_serve_the_same_trained_adapter(trained: tuple, tiny_model: Path) -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
-    from vllm import SamplingParams
-    from vllm.lora.request import LoRARequest
 
     cell_dir, _ = trained
     tok = train.load_tokenizer(str(tiny_model), chat_template=True)
@@ -581,15 +588,8 @@ def test_vllm_and_peft_serve_the_same_trained_adapter(
     )
     merged = AutoModelForCausalLM.from_pretrained(cell_dir / "merged").eval()
     merged_text = hf_greedy(merged, tok, PROMPTS)
-    sp = SamplingParams(temperature=0, max_tokens=24)
-    lora = LoRARequest("toy", 1, str(cell_dir / "adapter"))
-    rendered = [chat(tok, p) for p in PROMPTS]
-    with_lora = vllm_engine.generate(rendered, sp, lora_request=lora, use_tqdm=False)
-    without = vllm_engine.generate(rendered, sp, use_tqdm=False)
-    vllm_text, vllm_base = (
-        [o.outputs[0].text for o in with_lora],
-        [o.outputs[0].text for o in without],
-    )
+    served = vllm_greedy(tiny_model, cell_dir / "adapter", [chat(tok, p) for p in PROMPTS])
+    vllm_text, vllm_base = served["lora"], served["base"]
     print("\npeft:", peft_text, "\nvllm:", vllm_text, "\nbase:", base_text)
     assert vllm_text == peft_text == merged_text
     assert vllm_base == base_text

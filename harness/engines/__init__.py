@@ -18,8 +18,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "Sample",
     "Sampling",
     "emit",
+    "in_request_order",
     "load",
     "request_seed",
     "run_in_child",
@@ -45,6 +47,7 @@ __all__ = [
 ]
 
 ENGINES: dict[str, type[Engine]] = {"vllm": VllmEngine, "hf": HFEngine}
+EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 
 
 def load(name: str, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2) -> Engine:
@@ -69,6 +72,26 @@ def emit(event: Any) -> None:
     """Send `event` (picklable) to the `on_event` callback of the `run_in_child` that runs us."""
     if _emit is not None:
         _emit(event)
+
+
+def in_request_order(
+    stream: Iterable[tuple[int, list[Sample]]],
+) -> Iterator[tuple[int, list[Sample]]]:
+    """An engine's stream (request index, samples) in request order: each request as soon as it
+    and every earlier one are done, so a file written from it always holds the first requests;
+    progress goes out (`emit`) as requests finish."""
+    finished: dict[int, list[Sample]] = {}
+    next_i, done, tokens, last_emit = 0, 0, 0, 0.0
+    for i, samples in stream:
+        finished[i] = samples
+        done, tokens = done + len(samples), tokens + sum(s.completion_tokens for s in samples)
+        if time.perf_counter() - last_emit > EMIT_EVERY_S:
+            emit({"samples": done, "tokens": tokens})
+            done, tokens, last_emit = 0, 0, time.perf_counter()
+        while next_i in finished:
+            yield next_i, finished.pop(next_i)
+            next_i += 1
+    emit({"samples": done, "tokens": tokens})
 
 
 def inprocess_default() -> bool:

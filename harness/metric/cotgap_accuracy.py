@@ -6,7 +6,7 @@
     acc.compute(predictions=["3+4=7. The answer is 7."], references=["7"], task="sandbox_addition")
     # {'accuracy': 1.0, 'strict_accuracy': 1.0, 'flexible_accuracy': 1.0, ...}
 
-The same scores as `tasks.score` and `cotgap score`: strict and flexible readings side by side, the
+The same scores as `scoring.score` and `cotgap score`: strict and flexible readings side by side, the
 task's headline reading as `accuracy`, a truncated completion (finish_reason "length") never
 scored as an answer. References are gold answers as `cotgap ls items TASK` prints them.
 """
@@ -16,8 +16,7 @@ from __future__ import annotations
 import datasets
 import evaluate
 
-from harness import evaluate as stage
-from harness import tasks
+from harness import scoring, tasks
 
 _DESCRIPTION = __doc__
 _KWARGS_DESCRIPTION = """
@@ -66,8 +65,8 @@ class CotgapAccuracy(evaluate.Metric):
         for text, gold, finish, opts in zip(
             predictions, references, finish_reasons, choices, strict=True
         ):
-            scored = tasks.score(spec, text, gold, finish, extractor, opts)
+            scored = scoring.score(spec, text, gold, finish, extractor, opts)
             records.append({**scored, "finish_reason": finish, "completion_tokens": None})
-        out = stage.rates(records, spec.headline)
+        out = scoring.rates(records, spec.headline)
         return {k: out[k] for k in ("accuracy", "strict_accuracy", "flexible_accuracy",
                                     "format_failure_rate", "truncation_rate", "n")}  # fmt: skip

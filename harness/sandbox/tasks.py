@@ -10,19 +10,22 @@ Train and test can never share a question, whatever the seeds: a question belong
 when a hash of it falls in the test fraction, and to the train split otherwise. So the zoo can
 pretrain on train items of any seed without ever seeing a test question. Within a split, items are
 unique, and the first `n` items of a larger request are the same as those of a smaller one.
+A task YAML with `source.sandbox` reads its rows from `source_rows`: one more source, next to the
+hub and the original files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from harness.errors import UserError
 
 VERSION = 1  # bump when any generator's questions, rationales or split rule change
 SPLITS = ("train", "test")
+FIELDS = ("id", "question", "answer", "rationale")  # every item's, all text
 TEST_FRACTION = 0.2
 
 Example = tuple[str, str, str]  # question, rationale, answer
@@ -188,3 +191,21 @@ def generate_items(generator: str, split: str, n: int, seed: int) -> list[dict]:
             f"sandbox generator {generator!r} ran out of unique {split} questions after {len(items)}; ask for fewer than {n}."
         )
     return items
+
+
+def source_rows(
+    generator: str, sizes: dict[str, int], seed: int, keys: Iterable[str]
+) -> list[tuple[str, str, int, dict]]:
+    """(where, split, index, item) for the items of each split in `keys`, `sizes[split]` of them:
+    a task's rows, checked to hold every field as text."""
+    rows = []
+    for key in keys:
+        for i, item in enumerate(generate_items(generator, key, sizes[key], seed)):
+            where = f"sandbox generator {generator} split {key} item {i}"
+            for name in FIELDS:
+                if not isinstance(item.get(name), str):
+                    raise UserError(
+                        f"{where}: field {name!r} must be text (harness.sandbox.tasks.generate_items)."
+                    )
+            rows.append((where, key, i, item))
+    return rows
