@@ -95,10 +95,8 @@ def facts(path: Path) -> dict[str, Any]:
         "quantization": gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
         if file_type is not None
         else max(set(types), key=types.count),
-        "architecture": field("general.architecture"),
         "license": field("general.license"),
         "model_name": field("general.name"),
-        "organization": field("general.organization"),
     }
     atomic_write_json(cached, out)
     return out
@@ -124,10 +122,9 @@ def convert(ref: str, who: str) -> Path:
     callers share one conversion)."""
     from filelock import FileLock
 
-    path, _ = locate(ref, who)
     prov = provenance(ref, who)
     root = gguf_dir()
-    final = root / f"{path.stem}-{prov['sha256'][:12]}"
+    final = root / f"{Path(prov['file']).stem}-{prov['sha256'][:12]}"
     if (final / "gguf.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
@@ -137,7 +134,7 @@ def convert(ref: str, who: str) -> Path:
         tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
-            _dequantize(path, tmp, who)
+            _dequantize(locate(ref, who)[0], tmp, who)
             from harness.store import atomic_write_json, package_versions
 
             versions = package_versions(["transformers", "gguf", "torch", "safetensors"])

@@ -52,7 +52,7 @@ def _zoo_name(spec: ModelSpec) -> str:
     return name
 
 
-def _sandbox_identity(spec: ModelSpec) -> dict[str, Any]:
+def _sandbox_id(spec: ModelSpec) -> dict[str, Any]:
     from harness.sandbox import zoo
 
     return {"sandbox": zoo.model_id(_zoo_name(spec))}
@@ -61,24 +61,32 @@ def _sandbox_identity(spec: ModelSpec) -> dict[str, Any]:
 def _sandbox_dir(spec: ModelSpec) -> str:
     from harness.sandbox import zoo
 
-    name = _zoo_name(spec)
-    if not zoo.is_built(name):
+    if not zoo.is_built(name := _zoo_name(spec)):
         raise UserError(
             f"model {spec.name!r}: sandbox model {name!r} is not built yet; run `cotgap sandbox build`."
         )
     return str(zoo.model_dir(name))
 
 
+def _gguf_ref(spec: ModelSpec) -> tuple[str, str]:
+    return spec.path.removeprefix(gguf.PREFIX), f"model {spec.name!r}"
+
+
+def _local_id(spec: ModelSpec) -> dict[str, Any]:
+    d = Path(spec.path).expanduser().resolve()
+    return {"local": str(d), "fingerprint": _weights_fingerprint(d)}
+
+
 def _local_dir(spec: ModelSpec) -> str:
-    local = Path(spec.path).expanduser()
-    if not (local / "config.json").exists():
+    d = Path(spec.path).expanduser().resolve()
+    if not (d / "config.json").exists():
         raise UserError(
-            f"model {spec.name!r}: {local} has no config.json; point path at a Hugging Face model directory."
+            f"model {spec.name!r}: {d} has no config.json; point path at a Hugging Face model directory."
         )
-    return str(local.resolve())
+    return str(d)
 
 
-def _not_a_dir(spec: ModelSpec) -> Any:
+def _missing(spec: ModelSpec) -> Any:
     raise UserError(
         f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
         "in the config, or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
@@ -107,46 +115,26 @@ def _hub_dir(spec: ModelSpec) -> str:
         ) from None
 
 
-def _local_path(spec: ModelSpec) -> bool:
-    return spec.path.startswith((".", "/", "~"))
-
-
 class Source(NamedTuple):
     matches: Callable[[ModelSpec], bool]
     identity: Callable[[ModelSpec], dict[str, Any]]  # what names the weights in cell keys
-    resolve: Callable[[ModelSpec], str]  # the local directory (converting or downloading it)
-    on_machine: bool  # resolve reads only this machine (param_count may call it)
+    resolve: Callable[[ModelSpec], str]  # the local directory, converted or downloaded first
+    on_machine: bool  # resolve never downloads (param_count may call it)
 
 
-# First match wins; the entries before "hub" are tried in this order.
+# The first that matches wins.
 SOURCES: dict[str, Source] = {
-    "sandbox": Source(
-        lambda s: s.path.startswith(SANDBOX_PREFIX),
-        _sandbox_identity,
-        _sandbox_dir,
-        True,
-    ),
+    "sandbox": Source(lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True),
     "gguf": Source(
         lambda s: s.path.startswith(gguf.PREFIX),
-        lambda s: {"gguf": gguf.provenance(s.path.removeprefix(gguf.PREFIX), f"model {s.name!r}")},
-        lambda s: str(gguf.convert(s.path.removeprefix(gguf.PREFIX), f"model {s.name!r}")),
+        lambda s: {"gguf": gguf.provenance(*_gguf_ref(s))},
+        lambda s: str(gguf.convert(*_gguf_ref(s))),
         True,
     ),
-    "local": Source(
-        lambda s: Path(s.path).expanduser().is_dir(),
-        lambda s: {
-            "local": str(Path(s.path).expanduser().resolve()),
-            "fingerprint": _weights_fingerprint(Path(s.path).expanduser().resolve()),
-        },
-        _local_dir,
-        True,
-    ),
-    "missing": Source(_local_path, _not_a_dir, _not_a_dir, True),
+    "local": Source(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
+    "missing": Source(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
     "hub": Source(
-        lambda s: True,
-        lambda s: {"hub": s.path, "revision": s.revision or "main"},
-        _hub_dir,
-        False,
+        lambda s: True, lambda s: {"hub": s.path, "revision": s.revision or "main"}, _hub_dir, False
     ),
 }
 

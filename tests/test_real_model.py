@@ -139,8 +139,9 @@ def test_grid_with_the_real_model_as_teacher_and_student(grid):
     rows = _board(root)
     kinds = {(r["row_type"], r["teacher"]) for r in rows}
     assert {("teacher", "smol-teacher"), ("baseline", ""), ("distilled", "teacher-l")} <= kinds
-    assert {r["engine"] for r in rows} == {"vllm"}
-    assert all(int(r["n_test"]) == 8 for r in rows)
+    scored = [r for r in rows if r["n_test"]]  # not a row whose training set came out empty
+    assert {r["engine"] for r in scored} == {"vllm"}
+    assert all(int(r["n_test"]) == 8 for r in scored) and len(scored) >= 3
     # the real model generated traces as a teacher, and its cells record where its weights came from
     [teacher] = [r for r in rows if r["row_type"] == "teacher" and r["teacher"] == "smol-teacher"]
     traces = root / "cells" / "traces" / teacher["traces_key"]
