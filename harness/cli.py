@@ -35,8 +35,12 @@ ls_app = typer.Typer(help="List tasks, cells or a task's items.", no_args_is_hel
 sandbox_app = typer.Typer(
     help="The CPU sandbox: synthetic tasks and a tiny pretrained model zoo.", no_args_is_help=True
 )
+models_app = typer.Typer(
+    help="Model sources that need a step first (GGUF files).", no_args_is_help=True
+)
 app.add_typer(ls_app, name="ls")
 app.add_typer(sandbox_app, name="sandbox")
+app.add_typer(models_app, name="models")
 
 _STATE: dict = {"debug": False, "results": None}
 
@@ -451,6 +455,17 @@ def sandbox_verify() -> None:
     _console().print(
         msg + (f"; not shipped for today's recipe: {', '.join(stale)}" if stale else "")
     )
+
+
+@models_app.command("import")
+def models_import(
+    source: Annotated[str, typer.Argument(help="a .gguf file or an installed package holding one")],
+) -> None:
+    """De-quantise a GGUF file into a cached Hugging Face directory and print it (then use
+    `path: gguf:<the same>` in a config)."""
+    from harness import gguf
+
+    print(gguf.convert(source.removeprefix(gguf.PREFIX), f"cotgap models import {source}"))
 
 
 def _interrupt(signum: int, frame: object) -> None:

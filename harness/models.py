@@ -2,8 +2,10 @@
 
     python -c "from harness.models import resolve; ..."
 
-A model entry's `path` is a local directory, a hub id (`Qwen/Qwen2.5-0.5B-Instruct`), or
-`sandbox:<name>` for the tiny zoo that `cotgap sandbox build` pretrains here.
+A model entry's `path` is a local directory, a hub id (`Qwen/Qwen2.5-0.5B-Instruct`),
+`sandbox:<name>` for the tiny zoo that `cotgap sandbox build` pretrains here, or `gguf:<file or
+installed package>` for a quantised GGUF file, de-quantised once (harness/gguf.py). Each kind of
+path is one row of SOURCES: how to recognise it, what identifies it, where its directory is.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from harness import gguf
 from harness.config import ModelSpec
 from harness.errors import UserError
 
@@ -36,61 +40,61 @@ def _weights_fingerprint(d: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def identity(spec: ModelSpec) -> dict[str, Any]:
-    """What changes a model's outputs: its weights and how it is prompted and run (not its name)."""
-    if spec.path.startswith(SANDBOX_PREFIX):
-        from harness.sandbox import zoo
+def _zoo_name(spec: ModelSpec) -> str:
+    from harness.sandbox import zoo
 
-        name = spec.path.removeprefix(SANDBOX_PREFIX)
-        if name not in zoo.ZOO:
-            raise UserError(
-                f"model {spec.name!r}: unknown sandbox model {name!r}; fix the path in the config "
-                f"(valid: {', '.join(sorted(zoo.ZOO))})."
-            )
-        source: dict[str, Any] = {"sandbox": zoo.model_id(name)}
-    elif Path(spec.path).expanduser().is_dir():
-        d = Path(spec.path).expanduser().resolve()
-        source = {"local": str(d), "fingerprint": _weights_fingerprint(d)}
-    elif spec.path.startswith((".", "/", "~")):
+    name = spec.path.removeprefix(SANDBOX_PREFIX)
+    if name not in zoo.ZOO:
         raise UserError(
-            f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
-            "in the config, or give a hub id (org/name) or sandbox:<zoo model>."
+            f"model {spec.name!r}: unknown sandbox model {name!r}; fix the path in the config "
+            f"(valid: {', '.join(sorted(zoo.ZOO))})."
         )
-    else:
-        source = {"hub": spec.path, "revision": spec.revision or "main"}
-    return {
-        **source,
-        "chat_template": spec.chat_template,
-        "trust_remote_code": spec.trust_remote_code,
-        "dtype": spec.engine.dtype,
-        "quantization": spec.engine.quantization,
-        "max_model_len": spec.engine.max_model_len,
-    }
+    return name
 
 
-def resolve(spec: ModelSpec) -> str:
-    """A local directory holding the model, downloading it from the hub when online."""
-    if spec.path.startswith(SANDBOX_PREFIX):
-        from harness.sandbox import zoo
+def _sandbox_id(spec: ModelSpec) -> dict[str, Any]:
+    from harness.sandbox import zoo
 
-        name = spec.path.removeprefix(SANDBOX_PREFIX)
-        if name not in zoo.ZOO:
-            raise UserError(
-                f"model {spec.name!r}: unknown sandbox model {name!r}; valid: {', '.join(sorted(zoo.ZOO))}."
-            )
-        if not zoo.is_built(name):
-            raise UserError(
-                f"model {spec.name!r}: sandbox model {name!r} is not built yet; run `cotgap sandbox build`."
-            )
-        return str(zoo.model_dir(name))
-    local = Path(spec.path).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").exists():
-            raise UserError(
-                f"model {spec.name!r}: {local} has no config.json; point path at a Hugging Face model directory."
-            )
-        return str(local.resolve())
-    if spec.path.startswith((".", "/", "~")) or spec.path.count("/") != 1:
+    return {"sandbox": zoo.model_id(_zoo_name(spec))}
+
+
+def _sandbox_dir(spec: ModelSpec) -> str:
+    from harness.sandbox import zoo
+
+    if not zoo.is_built(name := _zoo_name(spec)):
+        raise UserError(
+            f"model {spec.name!r}: sandbox model {name!r} is not built yet; run `cotgap sandbox build`."
+        )
+    return str(zoo.model_dir(name))
+
+
+def _gguf_ref(spec: ModelSpec) -> tuple[str, str]:
+    return spec.path.removeprefix(gguf.PREFIX), f"model {spec.name!r}"
+
+
+def _local_id(spec: ModelSpec) -> dict[str, Any]:
+    d = Path(spec.path).expanduser().resolve()
+    return {"local": str(d), "fingerprint": _weights_fingerprint(d)}
+
+
+def _local_dir(spec: ModelSpec) -> str:
+    d = Path(spec.path).expanduser().resolve()
+    if not (d / "config.json").exists():
+        raise UserError(
+            f"model {spec.name!r}: {d} has no config.json; point path at a Hugging Face model directory."
+        )
+    return str(d)
+
+
+def _missing(spec: ModelSpec) -> Any:
+    raise UserError(
+        f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
+        "in the config, or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
+    )
+
+
+def _hub_dir(spec: ModelSpec) -> str:
+    if spec.path.count("/") != 1:
         raise UserError(
             f"model {spec.name!r}: path {spec.path!r} is neither an existing directory nor a hub id "
             "(org/name); fix the path in the config."
@@ -111,6 +115,51 @@ def resolve(spec: ModelSpec) -> str:
         ) from None
 
 
+class Source(NamedTuple):
+    matches: Callable[[ModelSpec], bool]
+    identity: Callable[[ModelSpec], dict[str, Any]]  # what names the weights in cell keys
+    resolve: Callable[[ModelSpec], str]  # the local directory, converted or downloaded first
+    on_machine: bool  # resolve never downloads (param_count may call it)
+
+
+# The first that matches wins.
+SOURCES: dict[str, Source] = {
+    "sandbox": Source(lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True),
+    "gguf": Source(
+        lambda s: s.path.startswith(gguf.PREFIX),
+        lambda s: {"gguf": gguf.provenance(*_gguf_ref(s))},
+        lambda s: str(gguf.convert(*_gguf_ref(s))),
+        True,
+    ),
+    "local": Source(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
+    "missing": Source(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
+    "hub": Source(
+        lambda s: True, lambda s: {"hub": s.path, "revision": s.revision or "main"}, _hub_dir, False
+    ),
+}
+
+
+def source(spec: ModelSpec) -> Source:
+    return next(src for src in SOURCES.values() if src.matches(spec))
+
+
+def identity(spec: ModelSpec) -> dict[str, Any]:
+    """What changes a model's outputs: its weights and how it is prompted and run (not its name)."""
+    return {
+        **source(spec).identity(spec),
+        "chat_template": spec.chat_template,
+        "trust_remote_code": spec.trust_remote_code,
+        "dtype": spec.engine.dtype,
+        "quantization": spec.engine.quantization,
+        "max_model_len": spec.engine.max_model_len,
+    }
+
+
+def resolve(spec: ModelSpec) -> str:
+    """A local directory holding the model: converted from GGUF or downloaded on first use."""
+    return source(spec).resolve(spec)
+
+
 def param_count(spec: ModelSpec) -> int | None:
     """Parameters in the model's safetensors files, read from their headers (no weights loaded).
 
@@ -120,7 +169,7 @@ def param_count(spec: ModelSpec) -> int | None:
     from safetensors import safe_open
 
     try:
-        if spec.path.startswith(SANDBOX_PREFIX) or Path(spec.path).expanduser().is_dir():
+        if source(spec).on_machine:
             d = Path(resolve(spec))
         else:
             from huggingface_hub import snapshot_download

@@ -42,6 +42,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _regimes(result),
         _spread(result),
         _leaderboard(board),
+        _formats(board),
         _figures(figures, out),
     ]
     (out / "report.md").write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
@@ -374,15 +375,29 @@ def _leaderboard(board: pd.DataFrame) -> str:
     rows = [
         [x.task, x.student, x.regime, x.teacher, x.seed, pts(x.teacher_acc), pts(x.base_acc),
          pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pval(x.p_holm),
-         _mark(x.degraded, x.gain_ci_high)]
+         _mark(x.degraded, x.gain_ci_high), pts(x.format_fail_rate)]
         for x in d.itertuples()
     ]  # fmt: skip
     header = ["task", "student", "regime", "teacher", "seed", "teacher acc", "base", "post", "gain"]
-    header += ["gain CI", "p (Holm)", "degraded"]
+    header += ["gain CI", "p (Holm)", "degraded", "no answer"]
     return (
         "## Leaderboard (distilled cells)\n\nAll rows, including teacher and baseline rows, are in "
-        "leaderboard.csv. Degraded: yes* when the whole CI is below 0.\n\n" + md_table(header, rows)
+        "leaderboard.csv. Degraded: yes* when the whole CI is below 0. No answer: % of completions "
+        "the extractor found no answer in.\n\n" + md_table(header, rows)
     )
+
+
+def _formats(board: pd.DataFrame) -> str:
+    """Teachers' and baselines' format failures per task: a low accuracy can be a format problem."""
+    d = board[board["row_type"].isin(["teacher", "baseline"])]
+    rows = [
+        [x.task, x.row_type, x.teacher if x.row_type == "teacher" else x.student,
+         pts(x.teacher_acc if x.row_type == "teacher" else x.base_acc), pts(x.format_fail_rate),
+         pts(x.truncation_rate)]
+        for x in d.itertuples()
+    ]  # fmt: skip
+    header = ["task", "row", "model", "accuracy", "no answer (%)", "cut at max_tokens (%)"]
+    return "## Answer formats (teachers and baselines)\n\n" + md_table(header, rows)
 
 
 def _mark(degraded: Any, high: Any) -> str:

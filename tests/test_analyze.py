@@ -394,6 +394,12 @@ def test_report_states_what_the_data_say(built) -> None:
     n_deg = sum(r["gain"] < 0 for r in expected_rows())
     assert f"{n_deg} of 12 distilled cells" in _section(report, "Degraded")
     assert f"{OVERALL_PT} in 0 of 2 groups" in _section(report, "Capacity gap")
+    formats = _section(report, "Answer formats").splitlines()
+    board = _board(out)
+    for x in board[board["row_type"].isin(["teacher", "baseline"])].itertuples():
+        model = x.teacher if x.row_type == "teacher" else x.student
+        assert any(f"| {x.task} | {x.row_type} | {model} |" in line and "| 5.0 | 10.0 |" in line
+                   for line in formats), (x.task, model)  # fmt: skip
     for png in sorted(out.glob("*.png")):
         assert png.stat().st_size > 10_000
     names = {p.name for p in out.glob("*.png")}
