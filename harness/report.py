@@ -61,7 +61,7 @@ def pts(x: Any) -> str:
 
 def spts(x: Any) -> str:
     """A difference of fractions as signed points: -0.04 -> '-4.0'."""
-    return "–" if _nan(x) else f"{100 * x:+.1f}"
+    return "–" if _nan(x) else f"{round(100 * x, 1) + 0.0:+.1f}"  # + 0.0: no "-0.0"
 
 
 def pval(p: Any) -> str:
@@ -173,29 +173,110 @@ def _answers(r: dict[str, Any]) -> str:
         "gain",
         "strongest teacher",
     ]
-    header += ["best is strongest?", "verdict"]
-    return "## Which teacher, if any?\n\n" + md_table(header, rows)
+    header += ["best is strongest?", "verdict (point-estimate best, its own CI)"]
+    for row, g in zip(rows, r["groups"], strict=True):
+        row.append(_tell(g["decision"]))
+    header.append("can the data tell the teachers apart?")
+    lines = [f"- {_who(g)}: {decision_text(g['decision'])}" for g in r["groups"] if g["decision"]]
+    return "\n\n".join(
+        [
+            "## Which teacher, if any?",
+            "Best teacher and gain by mean post (point estimates), then what the test items and "
+            "seeds can support: each teacher's p_best (share of joint bootstrap resamples of items "
+            "and seeds in which it is best), differences with their CI and exact sign-test p "
+            "(McNemar with one seed), Holm-adjusted within the group.",
+            md_table(header, rows),
+            "\n".join(lines),
+        ]
+    )
+
+
+def _tell(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "–"
+    if not d["versus"]:
+        return "one teacher only"
+    if d["separable"]:
+        return f"yes: {d['best']} beats every other teacher"
+    return (
+        "no: "
+        + ", ".join(v["teacher"] for v in d["versus"] if not v["separated"])
+        + (f" indistinguishable from {d['best']}")
+    )
+
+
+def _diff(x: dict[str, Any], low: str = "low", high: str = "high", key: str = "diff") -> str:
+    return f"{spts(x[key])} pts, CI {ci(x[low], x[high])}, Holm p {pval(x['p_holm'])}"
+
+
+def decision_text(d: dict[str, Any]) -> str:
+    """'teacher-m (p_best 0.81) beats teacher-l (+4.5 pts, CI [+1.0, +8.0], Holm p 0.020); ...'"""
+    best = f"{d['best']} (p_best {d['p_best']:.2f})"
+    beaten = [v for v in d["versus"] if v["separated"]]
+    tied = [v for v in d["versus"] if not v["separated"]]
+    parts = []
+    if beaten:
+        parts.append(f"{best} beats " + ", ".join(f"{v['teacher']} ({_diff(v)})" for v in beaten))
+    else:
+        parts.append(f"{best} is ahead by its point estimate")
+    parts += [f"{v['teacher']} is indistinguishable from {d['best']} ({_diff(v)})" for v in tied]
+    if d["beats_baseline"]:
+        parts.append("beats the baseline: " + ", ".join(d["beats_baseline"]))
+    else:
+        parts.append("no teacher beats the baseline")
+    if d["worse_than_baseline"]:
+        parts.append("worse than the baseline: " + ", ".join(d["worse_than_baseline"]))
+    return "; ".join(parts) + "."
 
 
 def _capacity_gap(r: dict[str, Any]) -> str:
     scored = [g for g in r["groups"] if g["best_teachers"]]
     if not scored:
         return "## Capacity gap\n\nNo distilled cell is scored yet."
-    parts = ["## Capacity gap", "Teachers ranked by post (mean over seeds):"]
-    ranks = [[g["task"], g["student"], g["regime"], _ranked(g["ranking"])] for g in scored]
-    parts.append(md_table(["task", "student", "regime", "ranking by post"], ranks))
+    parts = [
+        "## Capacity gap",
+        "Teachers ranked by post (mean over seeds; ≈ where the step is within the seed-to-seed "
+        "SD, so seeds alone could reorder it), with p_best and the 95% interval of the rank:",
+    ]
+    ranks = [
+        [g["task"], g["student"], g["regime"], _ranked(g["ranking"]), _p_best(g["comparison"])]
+        for g in scored
+    ]
+    parts.append(md_table(["task", "student", "regime", "ranking by post", "p_best [rank]"], ranks))
     parts.extend(_overall_text(reg, o) for reg, o in r["overall"].items() if o["n_best_judged"])
     parts.append(
-        "Spearman rho [CI] per (student, task) group, one point per teacher (few points: wide CIs; "
-        "within a group the gap is teacher accuracy minus a constant):"
+        "Per group, one point per teacher: within a group the baseline is one number, so gain "
+        "ranks as post does and the gap as teacher accuracy. Spearman rho with its exact "
+        f"permutation p; a two-sided test needs at least {_MIN_POINTS} teachers to reach 0.05:"
     )
-    keys = list(r["groups"][0]["correlations"]) if r["groups"] else []
+    keys = ("gain~teacher_acc", "gain~teacher_size")
     rows = [
-        [g["task"], g["student"], g["regime"], *(_rho_short(g["correlations"][k]) for k in keys)]
+        [g["task"], g["student"], g["regime"], *(_rho_exact(g["correlations"][k]) for k in keys)]
         for g in scored
     ]
     parts.append(md_table(["task", "student", "regime", *map(_measure, keys)], rows))
     return "\n\n".join(parts)
+
+
+_MIN_POINTS = 5  # stats.min_points(0.05); a test in tests/test_decisions.py pins it
+
+
+def _p_best(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "–"
+    ts = sorted(c["teachers"], key=lambda t: -t["p_best"])
+    return ", ".join(
+        f"{t['teacher']} {t['p_best']:.2f} [{t['rank_low']}–{t['rank_high']}]" for t in ts
+    )
+
+
+def _rho_exact(c: dict[str, Any]) -> str:
+    if _nan(c["rho"]):
+        return f"n/a (n={c['n']})"
+    text = f"{c['rho']:+.2f}, exact p={pval(c['p'])}, n={c['n']}"
+    if c["too_few"]:
+        text += f": too few teachers to tell (smallest possible p {c['smallest_p']:.2f})"
+    return text
 
 
 _LABELS = {
@@ -212,40 +293,75 @@ def _measure(key: str) -> str:
     return f"{_LABELS[y]} vs {_LABELS[x]}"
 
 
-def _rho_short(c: dict[str, Any]) -> str:
-    return "n/a" if _nan(c["rho"]) else f"{c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
-
-
 def _ranked(ranking: list[dict[str, Any]]) -> str:
-    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie."""
-    shown = [(t["teacher"], pts(t["post_acc"])) for t in ranking if not _nan(t["post_acc"])]
+    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie, and
+    `≈` joins a step within the seed-to-seed SD."""
+    shown = [t for t in ranking if not _nan(t["post_acc"])]
     out = ""
-    for i, (teacher, post) in enumerate(shown):
+    for i, t in enumerate(shown):
+        post = pts(t["post_acc"])
         if i:
-            out += " = " if post == shown[i - 1][1] else " > "
-        out += f"{teacher} {post}"
+            prev = shown[i - 1]
+            same = post == pts(prev["post_acc"])
+            out += " = " if same else " ≈ " if prev.get("within_seed_noise_of_next") else " > "
+        sd = t.get("seed_sd")
+        out += f"{t['teacher']} {post}" + ("" if _nan(sd) else f" (seed SD {pts(sd)})")
     return out
 
 
 def _overall_text(regime: str, o: dict[str, Any]) -> str:
     lines = [
         f"**{regime}, over all (student, task) groups:** the best teacher by post is the strongest "
-        f"by teacher accuracy in {o['n_best_is_strongest']} of {o['n_best_judged']} groups. "
-        "Pooled Spearman, one point per (student, task, teacher):"
+        f"by teacher accuracy in {o['n_best_is_strongest']} of {o['n_best_judged']} groups; "
+        f"in {o['n_separable']} of {o['n_decided']} the data separate the best teacher from every "
+        "other (Holm), so elsewhere that count rests on point estimates. "
+        "Within-group capacity gap (each group's own teachers compared, then combined):"
     ]
-    for key, c in o["correlations"].items():
-        lines.append(f"- {_measure(key)}: {rho(c)} — {_trend(c)}")
+    for key, w in o["within_group"].items():
+        sp, fe = w["spearman"], w["fixed_effects"]
+        unit = "per point of teacher accuracy" if fe["x"] == "teacher_acc" else "per 10× size"
+        slope = (
+            "n/a"
+            if _nan(fe["slope"])
+            else f"{fe['slope'] if fe['x'] == 'teacher_acc' else 100 * fe['slope']:+.2f}"
+            f"{'' if fe['x'] == 'teacher_acc' else ' pts'} {unit} "
+            f"[{_scaled(fe, 'low')}, {_scaled(fe, 'high')}], p={pval(fe['p'])}"
+        )
+        mean = (
+            "n/a"
+            if _nan(sp["mean_rho"])
+            else f"{sp['mean_rho']:+.2f} [{_f2(sp['low'])}, {_f2(sp['high'])}], "
+            f"sign-flip p={pval(sp['p'])}, {sp['n_groups']} groups"
+        )
+        lines.append(
+            f"- {_measure(key)}: mean within-group Spearman {mean}; slope with group fixed "
+            f"effects {slope}, n={fe['n']} — {_trend_fe(fe)}"
+        )
+    lines.append(
+        "Pooled Spearman, one point per (student, task, teacher), for reference only: differences "
+        "between the groups' baselines drive it (analysis.json: pooled_correlations):"
+    )
+    for key, c in o["pooled_correlations"].items():
+        lines.append(f"- pooled {_measure(key)}: {rho(c)}")
     return "\n".join(lines)
 
 
-def _trend(c: dict[str, Any]) -> str:
-    if _nan(c["rho"]) or _nan(c["low"]):
-        return "not defined (fewer than 3 points or a constant side)"
-    if c["low"] > 0:
-        return "the CI excludes 0: rises with it"
-    if c["high"] < 0:
-        return "the CI excludes 0: falls as it rises"
-    return "the CI includes 0: no evidence of a monotone relation"
+def _f2(x: Any) -> str:
+    return "–" if _nan(x) else f"{x:+.2f}"
+
+
+def _scaled(fe: dict[str, Any], key: str) -> str:
+    return _f2(fe[key] if fe["x"] == "teacher_acc" else 100 * fe[key])
+
+
+def _trend_fe(fe: dict[str, Any]) -> str:
+    if _nan(fe["slope"]):
+        return "not defined (too few points for one intercept per group)"
+    if fe["low"] > 0:
+        return "the CI excludes 0: gain rises with it inside groups"
+    if fe["high"] < 0:
+        return "the CI excludes 0: gain falls as it rises inside groups"
+    return "the CI includes 0: no evidence of a relation inside groups"
 
 
 def _degraded(r: dict[str, Any]) -> str:

@@ -342,7 +342,7 @@ def test_capacity_gap_numbers(built) -> None:
         post = [r["post"] for r in mine]
         acc = [TEACHER_CORRECT[TASK][r["teacher"]] / N for r in mine]
         gap = [a - r["base"] for a, r in zip(acc, mine, strict=True)]
-        c = result["overall"][regime]["correlations"]
+        c = result["overall"][regime]["pooled_correlations"]
         assert c["post_acc~teacher_acc"]["rho"] == pytest.approx(spearman_by_hand(acc, post))
         assert c["post_acc~gap"]["rho"] == pytest.approx(spearman_by_hand(gap, post))
         assert c["post_acc~teacher_acc"]["n"] == 6
