@@ -440,3 +440,114 @@ def test_a_damaged_metrics_file_names_itself_and_the_fix(tmp_path):
     (d / "metrics.json").write_text('{"accuracy": 0.5, "engi')  # cut short by a full disk
     with pytest.raises(UserError, match=r"metrics\.json: damaged .*delete .*k1 and re-run"):
         analyze._read_eval(d, "k1")
+
+
+# --- decisions: which teacher, how sure --------------------------------------------------------
+
+
+def test_teacher_comparisons_by_hand(built) -> None:
+    _, _, out, _ = built
+    result = json.loads((out / "analysis.json").read_text())
+    g = _group(result, "s_b", "per_teacher")
+    pairs = {(q["a"], q["b"]): q for q in g["comparison"]["pairs"]}
+    # t_mid is right on items 0-11; t_small on 1-7; t_large on 1-8 (see _post_vector)
+    raw = [mcnemar_by_hand(5, 0), mcnemar_by_hand(1, 0), mcnemar_by_hand(0, 4)]
+    keys = [("t_small", "t_mid"), ("t_small", "t_large"), ("t_mid", "t_large")]
+    assert [pairs[k]["p"] for k in keys] == pytest.approx(raw)
+    assert [pairs[k]["p_holm"] for k in keys] == pytest.approx(holm_by_hand(raw))
+    assert pairs["t_small", "t_mid"]["diff"] == pytest.approx(0.25)
+    d = g["decision"]
+    assert d["best"] == "t_mid" and d["p_best"] > 0.8
+    assert d["separable"] is False  # 5 of 5 discordant items: p 0.0625 before Holm
+    # vs the baseline, raw p: t_mid 6-0 = 0.031, but Holm over three teachers lifts it past 0.05
+    assert d["beats_baseline"] == []
+    teachers = {t["teacher"]: t for t in g["comparison"]["teachers"]}
+    assert teachers["t_mid"]["p"] == pytest.approx(mcnemar_by_hand(6, 0))
+    assert sum(t["p_best"] for t in teachers.values()) == pytest.approx(1.0)
+    assert _group(result, "s_a", "per_teacher")["decision"]["worse_than_baseline"] == ["t_large"]
+
+    board = _board(out)
+    mine = board[(board["row_type"] == "distilled") & (board["student"] == "s_b")]
+    mine = mine[(mine["regime"] == "per_teacher") & (mine["task"] == TASK)].set_index("teacher")
+    assert mine.loc["t_mid", "p_best"] == pytest.approx(teachers["t_mid"]["p_best"])
+    assert mine.loc["t_mid", "rank_ci"] == "1-1"
+    assert mine["seed_sd"].isna().all()  # one seed: no noise floor to show
+    assert board.loc[board["row_type"] != "distilled", "p_best"].isna().all()
+
+    report = (out / "report.md").read_text()
+    line = next(
+        x
+        for x in _section(report, "Which teacher").splitlines()
+        if "- s_b on gsm8k (per_teacher)" in x
+    )
+    assert line.startswith("- s_b on gsm8k (per_teacher): t_mid (p_best")
+    assert "is ahead by its point estimate" in line and "no teacher beats the baseline" in line
+    assert "t_small is indistinguishable from t_mid (+25.0 pts" in line
+    assert "too few teachers to tell (smallest possible p 0.33)" in _section(report, "Capacity gap")
+
+
+def _synthetic_means(rng: np.random.Generator, groups: int = 12, teachers: int = 4) -> pd.DataFrame:
+    """Groups with different baselines whose stronger teachers come with the higher baseline;
+    inside a group, gain does not depend on the teacher."""
+    level = np.repeat(np.linspace(0.1, 0.7, groups), teachers)
+    acc = level + rng.uniform(0.05, 0.2, level.size)
+    gain = 0.4 * level + rng.normal(0, 0.01, level.size)
+    return pd.DataFrame(
+        {
+            "task": "t",
+            "student": np.repeat([f"s{i}" for i in range(groups)], teachers),
+            "regime": "per_teacher",
+            "teacher": np.tile([f"t{i}" for i in range(teachers)], groups),
+            "teacher_acc": acc,
+            "teacher_size": 1e8 * 10 ** (acc * 3),  # size follows accuracy
+            "base_acc": level,
+            "gain": gain,
+            "post_acc": level + gain,
+            "gap": acc - level,
+        }
+    )
+
+
+def test_within_group_statistics_ignore_a_planted_confounder() -> None:
+    a = Experiment.model_fields["analysis"].default
+    means = _synthetic_means(np.random.default_rng(1))
+    pooled = analyze.correlations(a, means)
+    assert pooled["gain~teacher_acc"]["p"] < 0.001 and pooled["gain~teacher_acc"]["low"] > 0.5
+    assert pooled["gain~teacher_size"]["p"] < 0.001
+    within = analyze.within_group(a, means)
+    for key in ("gain~teacher_acc", "gain~teacher_size"):
+        assert within[key]["spearman"]["p"] > 0.05, key
+        fe = within[key]["fixed_effects"]
+        assert fe["p"] > 0.05 and fe["low"] < 0 < fe["high"], key
+    # and a real within-group effect is found
+    means["gain"] += 0.5 * means["teacher_acc"]
+    planted = analyze.within_group(a, means)["gain~teacher_acc"]
+    assert planted["fixed_effects"]["low"] > 0.3 and planted["spearman"]["p"] < 0.01
+
+
+def test_seeds_give_a_noise_floor_and_enter_the_bootstrap() -> None:
+    rows = []
+    for teacher, posts in {"ta": (0.50, 0.60), "tb": (0.54, 0.58), "tc": (0.30, 0.31)}.items():
+        for seed, post in enumerate(posts):
+            rows.append({"task": "t", "student": "s", "regime": "per_teacher", "teacher": teacher,
+                         "seed": seed, "post_acc": post, "gain": post - 0.4, "base_acc": 0.4,
+                         "teacher_acc": 0.7, "teacher_size": 1e9})  # fmt: skip
+    means = analyze.teacher_means(pd.DataFrame(rows))
+    ranking = analyze._within_noise(
+        means.sort_values("post_acc", ascending=False).to_dict("records")
+    )
+    assert [t["teacher"] for t in ranking] == ["tb", "ta", "tc"]
+    assert ranking[0]["seed_sd"] == pytest.approx(np.std([0.54, 0.58], ddof=1))
+    assert [t["within_seed_noise_of_next"] for t in ranking] == [True, False, None]
+
+    rng = np.random.default_rng(2)
+    base = rng.random(300) < 0.4
+    steady = np.stack([rng.random(300) < 0.55 for _ in range(2)])
+    erratic = np.stack([rng.random(300) < p for p in (0.35, 0.75)])
+    a = Experiment.model_fields["analysis"].default
+    c = analyze.compare_teachers(a, base, {"steady": steady, "erratic": erratic})
+    t = {x["teacher"]: x for x in c["teachers"]}
+    assert t["steady"]["n_seeds"] == 2
+    # the erratic teacher's seeds disagree by 40 points: its gain interval is much wider
+    width = {k: v["gain_high"] - v["gain_low"] for k, v in t.items()}
+    assert width["erratic"] > 2 * width["steady"]
