@@ -10,6 +10,7 @@ complete on disk is skipped, so a killed run resumes and a second run computes n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -132,7 +133,44 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
+    for line in detectable_gains(exp, store):
+        console.print(line)
     return cells
+
+
+# A baseline at 50% has the most discordant items, so assuming it where none is measured gives the
+# largest (most cautious) minimum detectable gain.
+_UNMEASURED_BASE = 0.5
+
+
+def detectable_gains(exp: Experiment, store: Store) -> list[str]:
+    """One line per (task, student): the smallest gain its test set detects (exact McNemar,
+    alpha 0.05, power 0.8) against the measured baseline, else a 50% one; a warning when it is
+    larger than analysis.effect_of_interest."""
+    from harness import stats
+
+    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    effect = exp.analysis.effect_of_interest
+    lines = [f"minimum detectable gain (alpha 0.05, power 0.8; effect of interest {effect:g} pts):"]
+    for (task, student), cell in grids.expand(exp).baselines.items():
+        t = cell.config.get("task", {})
+        n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
+        summary = (store.manifest("eval", cell.key) or {}).get("summary") or {}
+        base = summary.get("accuracy")
+        source = "measured" if base is not None else "not measured yet, assumed"
+        base = _UNMEASURED_BASE if base is None else float(base)
+        if not n:
+            lines.append(f"  {task} / {student}: test-set size unknown; no MDE")
+            continue
+        d = stats.detectability(n, base, effect / 100)
+        mde = "out of reach" if math.isnan(d["mde"]) else f"{100 * d['mde']:.1f} pts"
+        line = f"  {task} / {student}: {n} test items, baseline {100 * base:.1f}% ({source}): MDE {mde}"
+        if d["too_coarse"]:
+            line += (
+                f" [yellow]> {effect:g} pts: this test set cannot detect the effect of interest[/]"
+            )
+        lines.append(line)
+    return lines
 
 
 def _needs(exp: Experiment, c: Cell) -> str:

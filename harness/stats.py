@@ -537,3 +537,20 @@ def minimum_detectable_gain(
         brentq(lambda g: mcnemar_power(n, base_acc, base_acc + g, alpha) - power, 1e-9, top,
                xtol=1e-5)
     )  # fmt: skip
+
+
+def detectability(
+    n: int, base_acc: float, effect: float, alpha: float = 0.05, power: float = 0.8
+) -> dict[str, Any]:
+    """What a test set of n items can show against a baseline of `base_acc`: the minimum
+    detectable gain (a fraction) and whether it exceeds `effect`, the gain worth detecting."""
+    mde = minimum_detectable_gain(n, base_acc, alpha, power)
+    return {
+        "n": n,
+        "base_acc": base_acc,
+        "mde": mde,
+        "effect": effect,
+        "alpha": alpha,
+        "power": power,
+        "too_coarse": bool(math.isnan(mde) or mde > effect),
+    }

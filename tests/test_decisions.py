@@ -187,3 +187,34 @@ def test_fixed_effects_slope_is_ols_with_group_dummies():
     assert fe["slope"] == pytest.approx(coef[0])
     assert fe["low"] < 0.7 < fe["high"] and fe["p"] < 0.001
     assert math.isnan(fixed_effects_slope([1.0, 2.0], [1.0, 2.0], ["a", "b"])["slope"])
+
+
+def test_plan_prints_the_mde_and_warns_against_the_effect_of_interest(tmp_path):
+    import json
+
+    from harness import plan
+    from harness.config import Experiment
+    from harness.store import Store
+
+    def spec(name: str) -> dict:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+        return {"name": name, "path": str(d), "size": 1e8}
+
+    def experiment(limit: int, effect: float) -> Experiment:
+        return Experiment.model_validate(
+            {"name": "p", "results_dir": str(tmp_path / "r"), "teachers": [spec(f"t{limit}")],
+             "students": [spec(f"s{limit}")], "tasks": [{"name": "gsm8k", "test_limit": limit}],
+             "train": {"max_steps": 1}, "analysis": {"effect_of_interest": effect}}
+        )  # fmt: skip
+
+    small = plan.detectable_gains(experiment(200, 3.0), Store(tmp_path / "r1"))
+    mde = 100 * minimum_detectable_gain(200, 0.5)
+    assert (
+        f"gsm8k / s200: 200 test items, baseline 50.0% (not measured yet, assumed): MDE {mde:.1f} pts"
+        in small[1]
+    )
+    assert "cannot detect the effect of interest" in small[1]
+    big = plan.detectable_gains(experiment(1000, 10.0), Store(tmp_path / "r2"))
+    assert "cannot detect" not in big[1] and "effect of interest 10 pts" in big[0]
