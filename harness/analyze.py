@@ -312,10 +312,13 @@ def compare_teachers(a: AnalysisConfig, base: np.ndarray, teachers: dict[str, np
     est, boot = stats.bootstrap_accuracies([base, *arms], a.bootstrap_samples, a.seed)
     best, ranks = stats.p_best(boot[:, 1:]), stats.rank_interval(boot[:, 1:], a.ci)
     rows = []
+    tail = (1 - a.ci) / 2
+    post_low, post_high = np.quantile(boot, [tail, 1 - tail], axis=0)
     for k, name in enumerate(names, 1):
         low, high = stats.difference_ci(boot, 0, k, a.ci)
         rows.append(
-            {"teacher": name, "post_acc": est[k], "gain": est[k] - est[0], "gain_low": low,
+            {"teacher": name, "post_acc": est[k], "post_low": post_low[k],
+             "post_high": post_high[k], "gain": est[k] - est[0], "gain_low": low,
              "gain_high": high, "p": stats.sign_test(base, arms[k - 1]), "p_best": best[k - 1],
              "rank_low": ranks[k - 1][0], "rank_high": ranks[k - 1][1],
              "n_seeds": len(arms[k - 1])}

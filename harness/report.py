@@ -9,6 +9,7 @@ whether ΔLarge and the baseline tell the same story. Accuracies and gains are s
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ VERDICTS = {
 
 def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any]) -> None:
     """Plots and report.md into `out` (a fresh directory that `analyze.run` swaps in)."""
-    figures = plot_all(board, out)
+    figures = plot_all(board, out, result)
     sections = [
         _header(exp, result),
         _setup(result),
@@ -511,78 +512,138 @@ def _figures(figures: list[Path], out: Path) -> str:
     if not figures:
         return ""
     links = [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in figures]
-    return "## Figures\n\n" + "\n\n".join(links)
+    note = (
+        "Error bars: the 95% joint bootstrap interval over test items (and training seeds); each "
+        "figure is also saved as SVG next to its PNG."
+    )
+    return "## Figures\n\n" + note + "\n\n" + "\n\n".join(links)
 
 
 # --- plots ---------------------------------------------------------------------------------------
 
 
-def plot_all(board: pd.DataFrame, out: Path) -> list[Path]:
-    """One gain heatmap and one post-vs-teacher-accuracy plot per (task, regime) with data."""
+def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Path]:
+    """Per (task, regime): gains with CIs and post vs teacher accuracy; per (student, regime): the
+    capacity gap (gain vs teacher accuracy and vs size). PNG paths (an SVG is saved beside each)."""
     d = board[board["row_type"] == "distilled"]
+    points = _points(result)
     paths = []
     for (task, regime), g in d.groupby(["task", "regime"], sort=False):
         if g["post_acc"].notna().any():
-            stem = f"{safe_name(task)}_{safe_name(regime)}"
-            paths.append(heatmap(g, out / f"gain_{stem}.png", f"{task} ({regime})"))
-            paths.append(
-                post_vs_teacher(g, out / f"post_vs_teacher_{stem}.png", f"{task} ({regime})")
-            )
+            stem, title = f"{safe_name(task)}_{safe_name(regime)}", f"{task} ({regime})"
+            mine = points[(points["task"] == task) & (points["regime"] == regime)]
+            paths.append(gains(mine, out / f"gain_{stem}.png", title))
+            paths.append(post_vs_teacher(mine, out / f"post_vs_teacher_{stem}.png", title))
+    for (student, regime), mine in points.groupby(["student", "regime"], sort=False):
+        stem = f"{safe_name(student)}_{safe_name(regime)}"
+        paths.append(capacity_gap(mine, out / f"capacity_gap_{stem}.png", f"{student} ({regime})"))
     return paths
 
 
-def heatmap(g: pd.DataFrame, path: Path, title: str) -> Path:
-    """Gain (points, mean over seeds) over teacher × student; degraded cells hatched with an ×."""
-    gain = 100 * g.pivot_table(index="teacher", columns="student", values="gain", sort=False)
-    order = g.groupby("teacher", sort=False)["teacher_acc"].first().sort_values(kind="stable")
-    gain = gain.reindex(index=order.index)
-    lim = max(float(np.nanmax(np.abs(gain.to_numpy()))), 1.0) if gain.notna().any().any() else 1.0
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * gain.shape[1], 1.2 + 0.7 * gain.shape[0]))
-    im = ax.imshow(gain.to_numpy(dtype=float), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    for (i, j), v in np.ndenumerate(gain.to_numpy(dtype=float)):
-        if np.isnan(v):
-            ax.text(j, i, "n/a", ha="center", va="center", color="grey")
+def _points(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per (task, student, regime, teacher) with a comparison: means over seeds and CIs."""
+    rows = []
+    for g in result["groups"]:
+        if not g["comparison"]:
             continue
-        if v < 0:
-            box = plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx", ec="0.35", lw=0)
-            ax.add_patch(box)
-        label = f"{v:+.1f}" + (" ×" if v < 0 else "")
-        ax.text(
-            j, i, label, ha="center", va="center", bbox={"fc": "white", "ec": "none", "alpha": 0.85}
+        info = {t["teacher"]: t for t in g["ranking"]}
+        for t in g["comparison"]["teachers"]:
+            rows.append(
+                {"task": g["task"], "student": g["student"], "regime": g["regime"],
+                 "base_acc": g["comparison"]["base_acc"], **t,
+                 "teacher_acc": info[t["teacher"]]["teacher_acc"],
+                 "teacher_size": info[t["teacher"]]["teacher_size"]}
+            )  # fmt: skip
+    columns = ["task", "student", "regime", "teacher", "base_acc", "post_acc", "post_low"]
+    columns += ["post_high", "gain", "gain_low", "gain_high", "teacher_acc", "teacher_size"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _title(ax: plt.Axes, text: str) -> None:
+    ax.set_title(textwrap.fill(text, 48), fontsize=9)
+
+
+def _errors(mid: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
+    return 100 * np.vstack([mid - low, high - mid]).clip(min=0)
+
+
+def gains(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Gain over the baseline (points) of each teacher, one row per student, with its 95% CI;
+    red where the whole CI is below 0 (significantly degraded)."""
+    students = list(dict.fromkeys(p["student"]))
+    teachers = list(dict.fromkeys(p["teacher"]))
+    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.45 * len(p)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    labels, y = [], 0
+    for student in students:
+        s = (
+            p[p["student"] == student]
+            .set_index("teacher")
+            .reindex(teachers)
+            .dropna(subset=["gain"])
         )
-    ax.set_xticks(range(gain.shape[1]), gain.columns)
-    ax.set_yticks(range(gain.shape[0]), [f"{t} ({pts(order[t])})" for t in gain.index])
-    ax.set_xlabel("student")
-    ax.set_ylabel("teacher (test accuracy)")
-    ax.set_title(f"gain over baseline, points: {title}\nhatched × = degraded")
-    fig.colorbar(im, ax=ax, label="gain (points)")
+        for teacher, row in s.iterrows():
+            color = "tab:red" if row["gain_high"] < 0 else colors[teachers.index(teacher) % 10]
+            ax.errorbar(100 * row["gain"], y, xerr=_errors(row["gain"], row["gain_low"],
+                        row["gain_high"]).reshape(2, 1), fmt="o", color=color, capsize=3)  # fmt: skip
+            labels.append(f"{student} ← {teacher}")
+            y += 1
+    ax.axvline(0, color="0.3", lw=1, ls="--")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("gain over the student's baseline (points, 95% CI)")
+    _title(ax, f"gain by teacher: {title}")
     return _save(fig, path)
 
 
-def post_vs_teacher(g: pd.DataFrame, path: Path, title: str) -> Path:
-    """Post vs teacher accuracy, one line per student; its baseline is the dashed line."""
+def post_vs_teacher(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Post vs teacher accuracy with 95% CIs, one line per student; its baseline is dashed."""
     fig, ax = plt.subplots(figsize=(6, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (student, s) in enumerate(g.groupby("student", sort=False)):
-        m = s.groupby("teacher", sort=False)[["teacher_acc", "post_acc", "base_acc"]].mean()
-        m = m.dropna(subset=["teacher_acc", "post_acc"]).sort_values("teacher_acc")
+    for i, (student, s) in enumerate(p.groupby("student", sort=False)):
+        s = s.dropna(subset=["teacher_acc", "post_acc"]).sort_values("teacher_acc")
         color = colors[i % len(colors)]
-        ax.plot(100 * m["teacher_acc"], 100 * m["post_acc"], "o-", color=color, label=student)
-        for teacher, row in m.iterrows():
-            ax.annotate(teacher, (100 * row["teacher_acc"], 100 * row["post_acc"]), fontsize=7,
+        ax.errorbar(100 * s["teacher_acc"], 100 * s["post_acc"], capsize=3, fmt="o-", color=color,
+                    yerr=_errors(s["post_acc"], s["post_low"], s["post_high"]), label=student)  # fmt: skip
+        for row in s.itertuples():
+            ax.annotate(row.teacher, (100 * row.teacher_acc, 100 * row.post_acc), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
-        if s["base_acc"].notna().any():
-            ax.axhline(100 * s["base_acc"].dropna().iloc[0], ls="--", color=color, lw=1,
+        if len(s):
+            ax.axhline(100 * s["base_acc"].iloc[0], ls="--", color=color, lw=1,
                        label=f"{student} baseline")  # fmt: skip
     ax.set_xlabel("teacher test accuracy (points)")
-    ax.set_ylabel("distilled student accuracy (points)")
-    ax.set_title(f"post vs teacher accuracy: {title}")
+    ax.set_ylabel("distilled student accuracy (points, 95% CI)")
+    _title(ax, f"post vs teacher accuracy: {title}")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def capacity_gap(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Gain vs teacher accuracy and vs teacher size (log scale), one series per task, 95% CIs;
+    the student's own baseline is the line at 0."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, x, label in zip(axes, ("teacher_acc", "teacher_size"),
+                            ("teacher test accuracy (points)", "teacher parameters"), strict=True):  # fmt: skip
+        for i, (task, s) in enumerate(p.groupby("task", sort=False)):
+            s = s.dropna(subset=[x, "gain"]).sort_values(x)
+            xs = 100 * s[x] if x == "teacher_acc" else s[x]
+            ax.errorbar(xs, 100 * s["gain"], yerr=_errors(s["gain"], s["gain_low"], s["gain_high"]),
+                        fmt="o-", capsize=3, color=colors[i % len(colors)], label=task)  # fmt: skip
+        ax.axhline(0, color="0.3", lw=1, ls="--", label="baseline (gain 0)")
+        if x == "teacher_size" and p[x].notna().any() and (p[x] > 0).all():
+            ax.set_xscale("log")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("gain over baseline (points, 95% CI)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(textwrap.fill(f"capacity gap: {title}", 80), fontsize=10)
     return _save(fig, path)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    # no creation date in the SVG, so a rebuild writes the same bytes
+    fig.savefig(path.with_suffix(".svg"), metadata={"Date": None})
     plt.close(fig)
     return path

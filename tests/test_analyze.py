@@ -397,10 +397,14 @@ def test_report_states_what_the_data_say(built) -> None:
     for png in sorted(out.glob("*.png")):
         assert png.stat().st_size > 10_000
     names = {p.name for p in out.glob("*.png")}
+    regimes = ("per_teacher", "intersection")
     assert names == {f"{kind}_{TASK}_{r}.png" for kind in ("gain", "post_vs_teacher")
-                     for r in ("per_teacher", "intersection")}  # fmt: skip
+                     for r in regimes} | {f"capacity_gap_{s}_{r}.png" for s in STUDENTS
+                                          for r in regimes}  # fmt: skip
     for name in names:
         assert f"({name})" in report
+        svg = (out / name).with_suffix(".svg").read_text()
+        assert svg.startswith("<?xml") and "<svg" in svg
 
 
 def test_report_follows_the_data(tmp_path: Path) -> None:
@@ -464,6 +468,9 @@ def test_teacher_comparisons_by_hand(built) -> None:
     teachers = {t["teacher"]: t for t in g["comparison"]["teachers"]}
     assert teachers["t_mid"]["p"] == pytest.approx(mcnemar_by_hand(6, 0))
     assert sum(t["p_best"] for t in teachers.values()) == pytest.approx(1.0)
+    for t in teachers.values():  # the error bars of the plots
+        assert t["post_low"] <= t["post_acc"] <= t["post_high"]
+        assert t["gain_low"] <= t["gain"] <= t["gain_high"]
     assert _group(result, "s_a", "per_teacher")["decision"]["worse_than_baseline"] == ["t_large"]
 
     board = _board(out)
