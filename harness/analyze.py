@@ -334,7 +334,8 @@ def compare_teachers(a: AnalysisConfig, base: np.ndarray, teachers: dict[str, np
         )  # fmt: skip
     for pair, adj in zip(pairs, stats.holm([q["p"] for q in pairs]), strict=True):
         pair["p_holm"] = adj
-    return {"n_items": len(base), "base_acc": est[0], "teachers": rows, "pairs": pairs}
+    mde = stats.minimum_detectable_gain(len(base), float(est[0]), 1 - a.ci)
+    return {"n_items": len(base), "base_acc": est[0], "mde": mde, "teachers": rows, "pairs": pairs}
 
 
 def _decision_columns(board: pd.DataFrame, decisions: dict[tuple, dict]) -> None:
@@ -472,6 +473,7 @@ def analyse(
         "regimes": regime_comparison(dist, list(exp.train.regimes)),
         "task_spread": spread.to_dict("records"),
         "spread_threshold": a.spread_threshold,
+        "min_teachers": stats.min_points(0.05),
         "selected_tasks": select_tasks_by_spread(board, a.spread_threshold),
     }
 

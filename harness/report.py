@@ -178,7 +178,11 @@ def _answers(r: dict[str, Any]) -> str:
     for row, g in zip(rows, r["groups"], strict=True):
         row.append(_tell(g["decision"]))
     header.append("can the data tell the teachers apart?")
-    lines = [f"- {_who(g)}: {decision_text(g['decision'])}" for g in r["groups"] if g["decision"]]
+    lines = [
+        f"- {_who(g)}: {decision_text(g['decision'], g['comparison'])}"
+        for g in r["groups"]
+        if g["decision"]
+    ]
     return "\n\n".join(
         [
             "## Which teacher, if any?",
@@ -210,7 +214,7 @@ def _diff(x: dict[str, Any], low: str = "low", high: str = "high", key: str = "d
     return f"{spts(x[key])} pts, CI {ci(x[low], x[high])}, Holm p {pval(x['p_holm'])}"
 
 
-def decision_text(d: dict[str, Any]) -> str:
+def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
     """'teacher-m (p_best 0.81) beats teacher-l (+4.5 pts, CI [+1.0, +8.0], Holm p 0.020); ...'"""
     best = f"{d['best']} (p_best {d['p_best']:.2f})"
     beaten = [v for v in d["versus"] if v["separated"]]
@@ -224,7 +228,13 @@ def decision_text(d: dict[str, Any]) -> str:
     if d["beats_baseline"]:
         parts.append("beats the baseline: " + ", ".join(d["beats_baseline"]))
     else:
-        parts.append("no teacher beats the baseline")
+        mde = comparison["mde"]
+        reach = (
+            "no gain is detectable on this test set"
+            if _nan(mde)
+            else f"{comparison['n_items']} test items detect a gain of {pts(mde)} pts with 80% power"
+        )
+        parts.append(f"no teacher beats the baseline ({reach})")
     if d["worse_than_baseline"]:
         parts.append("worse than the baseline: " + ", ".join(d["worse_than_baseline"]))
     return "; ".join(parts) + "."
@@ -248,7 +258,8 @@ def _capacity_gap(r: dict[str, Any]) -> str:
     parts.append(
         "Per group, one point per teacher: within a group the baseline is one number, so gain "
         "ranks as post does and the gap as teacher accuracy. Spearman rho with its exact "
-        f"permutation p; a two-sided test needs at least {_MIN_POINTS} teachers to reach 0.05:"
+        f"permutation p; a two-sided test needs at least {r['min_teachers']} teachers to reach "
+        "0.05:"
     )
     keys = ("gain~teacher_acc", "gain~teacher_size")
     rows = [
@@ -257,9 +268,6 @@ def _capacity_gap(r: dict[str, Any]) -> str:
     ]
     parts.append(md_table(["task", "student", "regime", *map(_measure, keys)], rows))
     return "\n\n".join(parts)
-
-
-_MIN_POINTS = 5  # stats.min_points(0.05); a test in tests/test_decisions.py pins it
 
 
 def _p_best(c: dict[str, Any] | None) -> str:
@@ -490,16 +498,23 @@ def _leaderboard(board: pd.DataFrame) -> str:
     d = board[board["row_type"] == "distilled"]
     rows = [
         [x.task, x.student, x.regime, x.teacher, x.seed, pts(x.teacher_acc), pts(x.base_acc),
-         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pval(x.p_holm),
+         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pts(x.seed_sd),
+         _prob(x.p_best), "–" if _nan(x.rank_ci) else x.rank_ci, pval(x.p_holm),
          _mark(x.degraded, x.gain_ci_high)]
         for x in d.itertuples()
     ]  # fmt: skip
     header = ["task", "student", "regime", "teacher", "seed", "teacher acc", "base", "post", "gain"]
-    header += ["gain CI", "p (Holm)", "degraded"]
+    header += ["gain CI", "seed SD", "p_best", "rank CI", "p (Holm)", "degraded"]
     return (
         "## Leaderboard (distilled cells)\n\nAll rows, including teacher and baseline rows, are in "
-        "leaderboard.csv. Degraded: yes* when the whole CI is below 0.\n\n" + md_table(header, rows)
+        "leaderboard.csv. Degraded: yes* when the whole CI is below 0. Seed SD: post's SD over "
+        "training seeds (– with one seed), the noise floor of every gain and ranking.\n\n"
+        + md_table(header, rows)
     )
+
+
+def _prob(p: Any) -> str:
+    return "–" if _nan(p) else f"{p:.2f}"
 
 
 def _mark(degraded: Any, high: Any) -> str:
