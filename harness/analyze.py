@@ -5,7 +5,10 @@
 Reads only the complete cells of the grid (`grid.expand(exp)`); a cell not computed yet leaves NaN in its
 row and is counted, never fatal. Each distilled student is paired item by item (by id) with its
 own baseline (same student, task and eval config): gain with a paired bootstrap CI, exact McNemar
-p, Holm across every distilled row of the grid. Writes `<results>/<experiment>/analysis/`
+p, Holm across every distilled row of the grid. Inside each (task, student, regime) group every
+teacher is compared with every other on the same items (`compare_teachers`: p_best, rank interval,
+Holm-adjusted sign tests) and the capacity gap is measured within groups (`within_group`).
+Writes `<results>/<experiment>/analysis/`
 (leaderboard.csv, analysis.json, report.md, plots) as one directory swapped in whole.
 """
 

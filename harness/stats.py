@@ -3,7 +3,9 @@
 A distilled student's `post` is scored against its own `base` on the same test items: two 0/1
 correctness vectors in the same item order. `analyze` turns them into a gain with a paired
 bootstrap 95% CI and an exact McNemar p-value; teacher properties are related to post and gain by
-Spearman / Kendall with bootstrap CIs; families of p-values are Holm-adjusted.
+Spearman / Kendall with bootstrap CIs; families of p-values are Holm-adjusted. Teachers are
+compared on the same items by a joint item-and-seed bootstrap (p_best, rank intervals); small
+groups get exact permutation p-values; `minimum_detectable_gain` is the planning side.
 
     .venv/bin/python -c "from harness.stats import paired_bootstrap; print(paired_bootstrap([0, 1, 0, 1], [1, 1, 1, 0]))"
     .venv/bin/pytest tests/test_stats.py
