@@ -20,7 +20,7 @@ import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +286,9 @@ def leaderboard(
     return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored), decisions
 
 
-def _group_arms(reader: _Reader, board: pd.DataFrame):
+def _group_arms(
+    reader: _Reader, board: pd.DataFrame
+) -> Iterator[tuple[tuple, tuple[np.ndarray, dict[str, np.ndarray]]]]:
     """Per (task, student, regime) group with a scored baseline: its 0/1 vector and, per teacher,
     a (seeds, items) array of its distilled students' vectors over the same items."""
     dist = board[board["row_type"] == "distilled"]
@@ -300,7 +302,7 @@ def _group_arms(reader: _Reader, board: pd.DataFrame):
             vectors = [paired(base, post)[1] for post in posts if post is not None]
             if vectors:
                 teachers[teacher] = np.stack(vectors)
-        if teachers:
+        if teachers:  # the baseline's vector in the item order `paired` gives every post
             yield key, (paired(base, base)[0], teachers)
 
 

@@ -188,8 +188,9 @@ def _answers(r: dict[str, Any]) -> str:
             "## Which teacher, if any?",
             "Best teacher and gain by mean post (point estimates), then what the test items and "
             "seeds can support: each teacher's p_best (share of joint bootstrap resamples of items "
-            "and seeds in which it is best), differences with their CI and exact sign-test p "
-            "(McNemar with one seed), Holm-adjusted within the group.",
+            f"and seeds in which it is best), differences with their {100 * r['analysis_config']['ci']:g}% "
+            "CI and exact sign-test p (McNemar with one seed), Holm-adjusted within the group. A "
+            "difference counts when both the Holm p and the CI say so.",
             md_table(header, rows),
             "\n".join(lines),
         ]
@@ -225,8 +226,15 @@ def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
     else:
         parts.append(f"{best} is ahead by its point estimate")
     parts += [f"{v['teacher']} is indistinguishable from {d['best']} ({_diff(v)})" for v in tied]
+    gains = {t["teacher"]: t for t in comparison["teachers"]}
     if d["beats_baseline"]:
-        parts.append("beats the baseline: " + ", ".join(d["beats_baseline"]))
+        parts.append(
+            "beats the baseline: "
+            + ", ".join(
+                f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})"
+                for t in d["beats_baseline"]
+            )
+        )
     else:
         mde = comparison["mde"]
         reach = (
@@ -236,7 +244,13 @@ def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
         )
         parts.append(f"no teacher beats the baseline ({reach})")
     if d["worse_than_baseline"]:
-        parts.append("worse than the baseline: " + ", ".join(d["worse_than_baseline"]))
+        parts.append(
+            "worse than the baseline: "
+            + ", ".join(
+                f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})"
+                for t in d["worse_than_baseline"]
+            )
+        )
     return "; ".join(parts) + "."
 
 

@@ -59,8 +59,7 @@ def test_seed_resampling_covers_the_seed_averaged_truth():
         _, boot = bootstrap_accuracies(arms, n_resamples=400, seed=int(rng.integers(1 << 30)))
         low, high = difference_ci(boot, 0, 1)
         covered += low <= 0.05 <= high
-    # with 3 seeds the percentile bootstrap of the seed means is narrow (a known small-sample bias)
-    assert 0.85 <= covered / runs <= 0.99
+    assert 0.92 <= covered / runs <= 0.985  # measured: 0.9675
 
 
 def test_holm_keeps_the_family_wise_error_under_5_percent():
