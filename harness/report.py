@@ -73,12 +73,6 @@ def ci(low: Any, high: Any) -> str:
     return "–" if _nan(low) else f"[{spts(low)}, {spts(high)}]"
 
 
-def rho(c: dict[str, Any]) -> str:
-    if _nan(c["rho"]):
-        return f"n/a (n={c['n']})"
-    return f"{c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}], p={pval(c['p'])}, n={c['n']}"
-
-
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
     """A GitHub markdown table (pandas' to_markdown needs tabulate, which is not a dependency)."""
     cell = [[str(v).replace("|", "\\|") for v in r] for r in rows]
@@ -354,18 +348,16 @@ def _overall_text(regime: str, o: dict[str, Any]) -> str:
             "n/a"
             if _nan(sp["mean_rho"])
             else f"{sp['mean_rho']:+.2f} [{_f2(sp['low'])}, {_f2(sp['high'])}], "
-            f"sign-flip p={pval(sp['p'])}, {sp['n_groups']} groups"
+            f"sign-flip p={pval(sp['p'])}, {sp['n_groups']} groups with a defined rho"
         )
         lines.append(
             f"- {_measure(key)}: mean within-group Spearman {mean}; slope with group fixed "
             f"effects {slope}, n={fe['n']} — {_trend_fe(fe)}"
         )
     lines.append(
-        "Pooled Spearman, one point per (student, task, teacher), for reference only: differences "
-        "between the groups' baselines drive it (analysis.json: pooled_correlations):"
+        "(One Spearman over all (student, task, teacher) points pooled together is not shown: the "
+        "groups' different baselines drive it. analysis.json keeps it as pooled_correlations.)"
     )
-    for key, c in o["pooled_correlations"].items():
-        lines.append(f"- pooled {_measure(key)}: {rho(c)}")
     return "\n".join(lines)
 
 

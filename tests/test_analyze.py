@@ -395,7 +395,10 @@ def test_report_states_what_the_data_say(built) -> None:
     assert f"1 of 2 tasks are selected: {TASK}" in report
     n_deg = sum(r["gain"] < 0 for r in expected_rows())
     assert f"{n_deg} of 12 distilled cells" in _section(report, "Degraded")
-    assert f"{OVERALL_PT} in 0 of 2 groups" in _section(report, "Capacity gap")
+    gap = _section(report, "Capacity gap")
+    assert f"{OVERALL_PT} in 0 of 2 groups" in gap
+    assert "- gain vs teacher accuracy: mean within-group Spearman" in gap
+    assert "slope with group fixed effects" in gap and "- pooled" not in gap
     for png in sorted(out.glob("*.png")):
         assert png.stat().st_size > 10_000
     names = {p.name for p in out.glob("*.png")}
