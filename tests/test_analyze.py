@@ -434,9 +434,10 @@ def test_report_follows_the_data(tmp_path: Path) -> None:
 
 def test_rebuild_is_deterministic(built) -> None:
     exp, store, out, _ = built
-    first = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".csv", ".json", ".md")}
+    kept = (".csv", ".json", ".md", ".svg")
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in kept}
     analyze.run(exp, store, log=lambda _: None)
-    second = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in (".csv", ".json", ".md")}
+    second = {p.name: p.read_bytes() for p in out.iterdir() if p.suffix in kept}
     assert first == second
 
 
