@@ -214,6 +214,6 @@ def test_plan_prints_the_mde_and_warns_against_the_effect_of_interest(tmp_path):
         f"gsm8k / s200: 200 test items, baseline 50.0% (not measured yet, assumed): MDE {mde:.1f} pts"
         in small[1]
     )
-    assert "cannot detect the effect of interest" in small[1]
+    assert "the test set cannot detect the effect of interest" in small[1]
     big = plan.detectable_gains(experiment(1000, 10.0), Store(tmp_path / "r2"))
     assert "cannot detect" not in big[1] and "effect of interest 10 pts" in big[0]
