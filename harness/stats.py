@@ -3,9 +3,7 @@
 A distilled student's `post` is scored against its own `base` on the same test items: two 0/1
 correctness vectors in the same item order. `analyze` turns them into a gain with a paired
 bootstrap 95% CI and an exact McNemar p-value; teacher properties are related to post and gain by
-Spearman / Kendall with bootstrap CIs; families of p-values are Holm-adjusted. Teachers are
-compared on the same items by a joint item-and-seed bootstrap (p_best, rank intervals); small
-groups get exact permutation p-values; `minimum_detectable_gain` is the planning side.
+Spearman / Kendall with bootstrap CIs; families of p-values are Holm-adjusted.
 
     .venv/bin/python -c "from harness.stats import paired_bootstrap; print(paired_bootstrap([0, 1, 0, 1], [1, 1, 1, 0]))"
     .venv/bin/pytest tests/test_stats.py
@@ -155,138 +153,6 @@ def majority_vote(answers: Sequence[str | None]) -> str | None:
     counts = Counter(a for a in answers if a is not None)
     # Counter keeps first-seen order among equal counts, which is the tie-break.
     return counts.most_common(1)[0][0] if counts else None
-
-
-def _correctness(values: ArrayLike, name: str) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(
-            f"{name}: expected a 1-D vector of per-item correctness, got shape {arr.shape}"
-        )
-    if arr.size == 0:
-        raise ValueError(f"{name}: empty; there are no test items to score")
-    if arr.dtype != bool:
-        ok = np.isin(arr, (0, 1))
-        if not ok.all():
-            bad = arr[~ok].tolist()[0]
-            raise ValueError(
-                f"{name}: expected booleans or 0/1, found {bad!r} at item {int(np.argmin(ok))}"
-            )
-        arr = arr.astype(bool)
-    return arr
-
-
-def _paired(base: ArrayLike, post: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    b, p = _correctness(base, "base"), _correctness(post, "post")
-    if b.size != p.size:
-        raise ValueError(
-            f"base and post must score the same test items in the same order: "
-            f"len(base)={b.size}, len(post)={p.size}"
-        )
-    return b, p
-
-
-def _check_bootstrap_args(ci: float, n_resamples: int) -> None:
-    if not 0 < ci < 1:
-        raise ValueError(f"ci must lie strictly between 0 and 1, got {ci}")
-    if n_resamples < 1:
-        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
-
-
-def _mean_ci(x: np.ndarray, ci: float, n_resamples: int, seed: int) -> Interval:
-    """Mean of an integer vector with scipy's percentile bootstrap CI."""
-    _check_bootstrap_args(ci, n_resamples)
-    estimate = float(x.sum() / x.size)
-    if (x == x[0]).all():
-        # Every resample equals the sample (all-0, all-1, a single item), so the bootstrap
-        # distribution is the point itself; scipy would reject a single item.
-        return Interval(estimate, estimate, estimate)
-    res = stats.bootstrap(
-        (x,),
-        np.mean,
-        n_resamples=n_resamples,
-        vectorized=True,
-        confidence_level=ci,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    low, high = res.confidence_interval
-    return Interval(estimate, float(low), float(high))
-
-
-def _complete_pairs(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray] | None:
-    """The pairs without a NaN, or None when no correlation is defined on them."""
-    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if xa.ndim != 1 or ya.ndim != 1:
-        raise ValueError(f"x and y must be 1-D, got shapes {xa.shape} and {ya.shape}")
-    if xa.size != ya.size:
-        raise ValueError(f"x and y must pair up: len(x)={xa.size}, len(y)={ya.size}")
-    keep = ~(np.isnan(xa) | np.isnan(ya))
-    xa, ya = xa[keep], ya[keep]
-    if xa.size < 3 or np.ptp(xa) == 0 or np.ptp(ya) == 0:
-        return None
-    return xa, ya
-
-
-def _bootstrap_correlation(
-    xy: tuple[np.ndarray, np.ndarray],
-    statistic: Callable[..., np.ndarray],
-    vectorized: bool,
-    batch: int | None,
-    ci: float,
-    n_resamples: int,
-    seed: int,
-) -> tuple[float, float]:
-    """Percentile interval of a correlation over the resamples where it is defined."""
-    _check_bootstrap_args(ci, n_resamples)
-    # With few teachers some resamples are constant (n=4: 1 draw in 64) and have no correlation;
-    # scipy's percentile interval turns NaN as soon as one appears, so the interval is read off the
-    # defined part of scipy's bootstrap distribution instead.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", stats.ConstantInputWarning)
-        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        res = stats.bootstrap(
-            xy,
-            statistic,
-            n_resamples=n_resamples,
-            batch=batch,
-            vectorized=vectorized,
-            paired=True,
-            confidence_level=ci,
-            method="percentile",
-            rng=np.random.default_rng(seed),
-        )
-    dist = res.bootstrap_distribution
-    dist = dist[~np.isnan(dist)]
-    if dist.size == 0:
-        return math.nan, math.nan
-    alpha = (1 - ci) / 2
-    low, high = np.quantile(dist, [alpha, 1 - alpha])
-    return float(low), float(high)
-
-
-def _spearman_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    # Spearman's rho is Pearson's r of average ranks, which is what spearmanr computes; spearmanr
-    # turns 2-D input into a correlation matrix, so the per-resample form goes through pearsonr.
-    rx, ry = stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis)
-    return stats.pearsonr(rx, ry, axis=axis).statistic
-
-
-def _kendall_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
-    # scipy.stats.kendalltau takes one pair of vectors; called per resample it costs ~0.3 s for
-    # 2,000 resamples. With pairwise sign matrices s, tau-b = sum(sx*sy) / sqrt(sum(sx^2) sum(sy^2)):
-    # the numerator is 2(concordant - discordant), each sum of squares 2(pairs untied on that side).
-    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
-    sx = np.sign(x[..., :, None] - x[..., None, :])
-    sy = np.sign(y[..., :, None] - y[..., None, :])
-    num = (sx * sy).sum(axis=(-2, -1))
-    den = np.sqrt((sx * sx).sum(axis=(-2, -1)) * (sy * sy).sum(axis=(-2, -1)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return num / den
-
-
-def _kendall_one(x: np.ndarray, y: np.ndarray) -> float:
-    return stats.kendalltau(x, y).statistic
 
 
 # --- decisions between teachers ------------------------------------------------------------------
@@ -556,3 +422,135 @@ def detectability(
         "power": power,
         "too_coarse": bool(math.isnan(mde) or mde > effect),
     }
+
+
+def _correctness(values: ArrayLike, name: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(
+            f"{name}: expected a 1-D vector of per-item correctness, got shape {arr.shape}"
+        )
+    if arr.size == 0:
+        raise ValueError(f"{name}: empty; there are no test items to score")
+    if arr.dtype != bool:
+        ok = np.isin(arr, (0, 1))
+        if not ok.all():
+            bad = arr[~ok].tolist()[0]
+            raise ValueError(
+                f"{name}: expected booleans or 0/1, found {bad!r} at item {int(np.argmin(ok))}"
+            )
+        arr = arr.astype(bool)
+    return arr
+
+
+def _paired(base: ArrayLike, post: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    b, p = _correctness(base, "base"), _correctness(post, "post")
+    if b.size != p.size:
+        raise ValueError(
+            f"base and post must score the same test items in the same order: "
+            f"len(base)={b.size}, len(post)={p.size}"
+        )
+    return b, p
+
+
+def _check_bootstrap_args(ci: float, n_resamples: int) -> None:
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must lie strictly between 0 and 1, got {ci}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
+
+
+def _mean_ci(x: np.ndarray, ci: float, n_resamples: int, seed: int) -> Interval:
+    """Mean of an integer vector with scipy's percentile bootstrap CI."""
+    _check_bootstrap_args(ci, n_resamples)
+    estimate = float(x.sum() / x.size)
+    if (x == x[0]).all():
+        # Every resample equals the sample (all-0, all-1, a single item), so the bootstrap
+        # distribution is the point itself; scipy would reject a single item.
+        return Interval(estimate, estimate, estimate)
+    res = stats.bootstrap(
+        (x,),
+        np.mean,
+        n_resamples=n_resamples,
+        vectorized=True,
+        confidence_level=ci,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    low, high = res.confidence_interval
+    return Interval(estimate, float(low), float(high))
+
+
+def _complete_pairs(x: ArrayLike, y: ArrayLike) -> tuple[np.ndarray, np.ndarray] | None:
+    """The pairs without a NaN, or None when no correlation is defined on them."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if xa.ndim != 1 or ya.ndim != 1:
+        raise ValueError(f"x and y must be 1-D, got shapes {xa.shape} and {ya.shape}")
+    if xa.size != ya.size:
+        raise ValueError(f"x and y must pair up: len(x)={xa.size}, len(y)={ya.size}")
+    keep = ~(np.isnan(xa) | np.isnan(ya))
+    xa, ya = xa[keep], ya[keep]
+    if xa.size < 3 or np.ptp(xa) == 0 or np.ptp(ya) == 0:
+        return None
+    return xa, ya
+
+
+def _bootstrap_correlation(
+    xy: tuple[np.ndarray, np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    vectorized: bool,
+    batch: int | None,
+    ci: float,
+    n_resamples: int,
+    seed: int,
+) -> tuple[float, float]:
+    """Percentile interval of a correlation over the resamples where it is defined."""
+    _check_bootstrap_args(ci, n_resamples)
+    # With few teachers some resamples are constant (n=4: 1 draw in 64) and have no correlation;
+    # scipy's percentile interval turns NaN as soon as one appears, so the interval is read off the
+    # defined part of scipy's bootstrap distribution instead.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        res = stats.bootstrap(
+            xy,
+            statistic,
+            n_resamples=n_resamples,
+            batch=batch,
+            vectorized=vectorized,
+            paired=True,
+            confidence_level=ci,
+            method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    dist = res.bootstrap_distribution
+    dist = dist[~np.isnan(dist)]
+    if dist.size == 0:
+        return math.nan, math.nan
+    alpha = (1 - ci) / 2
+    low, high = np.quantile(dist, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def _spearman_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    # Spearman's rho is Pearson's r of average ranks, which is what spearmanr computes; spearmanr
+    # turns 2-D input into a correlation matrix, so the per-resample form goes through pearsonr.
+    rx, ry = stats.rankdata(x, axis=axis), stats.rankdata(y, axis=axis)
+    return stats.pearsonr(rx, ry, axis=axis).statistic
+
+
+def _kendall_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    # scipy.stats.kendalltau takes one pair of vectors; called per resample it costs ~0.3 s for
+    # 2,000 resamples. With pairwise sign matrices s, tau-b = sum(sx*sy) / sqrt(sum(sx^2) sum(sy^2)):
+    # the numerator is 2(concordant - discordant), each sum of squares 2(pairs untied on that side).
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    sx = np.sign(x[..., :, None] - x[..., None, :])
+    sy = np.sign(y[..., :, None] - y[..., None, :])
+    num = (sx * sy).sum(axis=(-2, -1))
+    den = np.sqrt((sx * sx).sum(axis=(-2, -1)) * (sy * sy).sum(axis=(-2, -1)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return num / den
+
+
+def _kendall_one(x: np.ndarray, y: np.ndarray) -> float:
+    return stats.kendalltau(x, y).statistic
