@@ -216,7 +216,9 @@ def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
     beaten = [v for v in d["versus"] if v["separated"]]
     tied = [v for v in d["versus"] if not v["separated"]]
     parts = []
-    if beaten:
+    if not d["versus"]:
+        parts.append(f"{d['best']} is the only teacher scored")
+    elif beaten:
         parts.append(f"{best} beats " + ", ".join(f"{v['teacher']} ({_diff(v)})" for v in beaten))
     else:
         parts.append(f"{best} is ahead by its point estimate")

@@ -217,3 +217,26 @@ def test_plan_prints_the_mde_and_warns_against_the_effect_of_interest(tmp_path):
     assert "the test set cannot detect the effect of interest" in small[1]
     big = plan.detectable_gains(experiment(1000, 10.0), Store(tmp_path / "r2"))
     assert "cannot detect" not in big[1] and "effect of interest 10 pts" in big[0]
+
+
+def test_verdict_words_follow_the_evidence():
+    from harness import analyze, report
+    from harness.config import AnalysisConfig
+
+    a = AnalysisConfig(bootstrap_samples=500)
+    rng = np.random.default_rng(8)
+    base = rng.random(400) < 0.3
+    strong, weak, twin = (rng.random(400) < p for p in (0.6, 0.3, 0.6))
+    c = analyze.compare_teachers(a, base, {"t-l": weak, "t-m": strong, "t-s": twin})
+    d = analyze.decide(a, c)
+    text = report.decision_text(d, c)
+    assert d["best"] in ("t-m", "t-s") and not d["separable"]
+    other = "t-s" if d["best"] == "t-m" else "t-m"
+    assert text.startswith(f"{d['best']} (p_best {d['p_best']:.2f}) beats t-l (+")
+    assert f"{other} is indistinguishable from {d['best']}" in text
+    assert "beats the baseline: t-m (+" in text and "Holm p <0.001" in text
+
+    alone = analyze.compare_teachers(a, base, {"t-x": base.copy()})
+    words = report.decision_text(analyze.decide(a, alone), alone)
+    assert words.startswith("t-x is the only teacher scored")
+    assert "no teacher beats the baseline (400 test items detect a gain of" in words
