@@ -224,14 +224,12 @@ def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
         parts.append(f"{best} is ahead by its point estimate")
     parts += [f"{v['teacher']} is indistinguishable from {d['best']} ({_diff(v)})" for v in tied]
     gains = {t["teacher"]: t for t in comparison["teachers"]}
+
+    def against_base(names: list[str]) -> str:
+        return ", ".join(f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})" for t in names)
+
     if d["beats_baseline"]:
-        parts.append(
-            "beats the baseline: "
-            + ", ".join(
-                f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})"
-                for t in d["beats_baseline"]
-            )
-        )
+        parts.append("beats the baseline: " + against_base(d["beats_baseline"]))
     else:
         mde = comparison["mde"]
         reach = (
@@ -241,13 +239,7 @@ def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
         )
         parts.append(f"no teacher beats the baseline ({reach})")
     if d["worse_than_baseline"]:
-        parts.append(
-            "worse than the baseline: "
-            + ", ".join(
-                f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})"
-                for t in d["worse_than_baseline"]
-            )
-        )
+        parts.append("worse than the baseline: " + against_base(d["worse_than_baseline"]))
     return "; ".join(parts) + "."
 
 
@@ -258,7 +250,8 @@ def _capacity_gap(r: dict[str, Any]) -> str:
     parts = [
         "## Capacity gap",
         "Teachers ranked by post (mean over seeds; ≈ where the step is within the seed-to-seed "
-        "SD, so seeds alone could reorder it), with p_best and the 95% interval of the rank:",
+        f"SD, so seeds alone could reorder it), with p_best and the {100 * r['analysis_config']['ci']:g}% "
+        "interval of the rank:",
     ]
     ranks = [
         [g["task"], g["student"], g["regime"], _ranked(g["ranking"]), _p_best(g["comparison"])]
