@@ -5,18 +5,22 @@
 Reads only the complete cells of the grid (`grid.expand(exp)`); a cell not computed yet leaves NaN in its
 row and is counted, never fatal. Each distilled student is paired item by item (by id) with its
 own baseline (same student, task and eval config): gain with a paired bootstrap CI, exact McNemar
-p, Holm across every distilled row of the grid. Writes `<results>/<experiment>/analysis/`
+p, Holm across every distilled row of the grid. Inside each (task, student, regime) group every
+teacher is compared with every other on the same items (`compare_teachers`: p_best, rank interval,
+Holm-adjusted sign tests) and the capacity gap is measured within groups (`within_group`).
+Writes `<results>/<experiment>/analysis/`
 (leaderboard.csv, analysis.json, report.md, plots) as one directory swapped in whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,12 @@ COLUMNS: dict[str, str] = {
     "adapter_key": "adapter cell of a distilled row",
     "traces_key": "traces cell of the row's teacher on this task",
     "baseline_key": "baseline eval cell of the row's student on this task",
+    "p_best": "probability this teacher is the best for its (task, student, regime): share of joint "
+    "bootstrap resamples of test items (and training seeds) in which its mean post is highest",
+    "rank_ci": "interval of the teacher's rank by mean post in its group over the same resamples "
+    "(1 = best), e.g. 1-2",
+    "seed_sd": "SD of post_acc across training seeds of this (task, student, teacher, regime) "
+    "(empty with one seed): the seed-to-seed noise floor",
 }
 _DTYPES = {
     "seed": "Int64",
@@ -75,8 +85,8 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
     from harness import report
 
-    board, missing, rescored = leaderboard(exp, store)
-    result = analyse(exp, board)
+    board, missing, rescored, decisions = leaderboard(exp, store)
+    result = analyse(exp, board, decisions)
     result["missing_cells"] = missing
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
@@ -240,9 +250,10 @@ def paired(base: EvalResult, post: EvalResult) -> tuple[np.ndarray, np.ndarray]:
 
 def leaderboard(
     exp: Experiment, store: Store
-) -> tuple[pd.DataFrame, dict[str, int], dict[str, int]]:
-    """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts, and
-    the counts of cells re-scored with the current extractor (by kind: eval, traces)."""
+) -> tuple[pd.DataFrame, dict[str, int], dict[str, int], dict[tuple, dict]]:
+    """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts,
+    the counts of cells re-scored with the current extractor (by kind: eval, traces), and the
+    teacher comparisons of each (task, student, regime) group (`compare_teachers`)."""
     grid, reader, rows = grids.expand(exp), _Reader(store, exp.data_dir), []
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     teachers = {}
@@ -265,8 +276,84 @@ def leaderboard(
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     dist = board["row_type"] == "distilled"
     board.loc[dist, "p_holm"] = stats.holm(board.loc[dist, "mcnemar_p"].to_numpy(dtype=float))
+    decisions = {
+        key: compare_teachers(exp.analysis, *arms) for key, arms in _group_arms(reader, board)
+    }
+    _decision_columns(board, decisions)
     rescored = Counter(kind for kind, _ in reader.rescored)
-    return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored)
+    return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored), decisions
+
+
+def _group_arms(
+    reader: _Reader, board: pd.DataFrame
+) -> Iterator[tuple[tuple, tuple[np.ndarray, dict[str, np.ndarray]]]]:
+    """Per (task, student, regime) group with a scored baseline: its 0/1 vector and, per teacher,
+    a (seeds, items) array of its distilled students' vectors over the same items."""
+    dist = board[board["row_type"] == "distilled"]
+    for key, rows in dist.groupby(_GROUP, sort=False):
+        base = reader.eval(rows["baseline_key"].iloc[0])
+        if base is None:
+            continue
+        teachers: dict[str, np.ndarray] = {}
+        for teacher, mine in rows.groupby("teacher", sort=False):
+            posts = [reader.eval(k) for k in mine["eval_key"]]
+            vectors = [paired(base, post)[1] for post in posts if post is not None]
+            if vectors:
+                teachers[teacher] = np.stack(vectors)
+        if teachers:  # the baseline's vector in the item order `paired` gives every post
+            yield key, (paired(base, base)[0], teachers)
+
+
+def compare_teachers(a: AnalysisConfig, base: np.ndarray, teachers: dict[str, np.ndarray]) -> dict:
+    """Every teacher against the baseline and against every other teacher on the same items.
+
+    Accuracies are means over seeds; intervals come from one joint bootstrap of items (and seeds),
+    p-values from the exact sign test (McNemar with one seed), Holm-adjusted within the group:
+    once over the teacher-vs-baseline tests, once over the teacher pairs.
+    """
+    names, arms = list(teachers), list(teachers.values())
+    est, boot = stats.bootstrap_accuracies([base, *arms], a.bootstrap_samples, a.seed)
+    best, ranks = stats.p_best(boot[:, 1:]), stats.rank_interval(boot[:, 1:], a.ci)
+    rows = []
+    tail = (1 - a.ci) / 2
+    post_low, post_high = np.quantile(boot, [tail, 1 - tail], axis=0)
+    for k, name in enumerate(names, 1):
+        low, high = stats.difference_ci(boot, 0, k, a.ci)
+        rows.append(
+            {"teacher": name, "post_acc": est[k], "post_low": post_low[k],
+             "post_high": post_high[k], "gain": est[k] - est[0], "gain_low": low,
+             "gain_high": high, "p": stats.sign_test(base, arms[k - 1]), "p_best": best[k - 1],
+             "rank_low": ranks[k - 1][0], "rank_high": ranks[k - 1][1],
+             "n_seeds": len(arms[k - 1])}
+        )  # fmt: skip
+    for row, adj in zip(rows, stats.holm([r["p"] for r in rows]), strict=True):
+        row["p_holm"] = adj
+    pairs = []
+    for i, j in itertools.combinations(range(len(names)), 2):
+        low, high = stats.difference_ci(boot, i + 1, j + 1, a.ci)
+        pairs.append(
+            {"a": names[i], "b": names[j], "diff": est[j + 1] - est[i + 1], "low": low,
+             "high": high, "p": stats.sign_test(arms[i], arms[j])}
+        )  # fmt: skip
+    for pair, adj in zip(pairs, stats.holm([q["p"] for q in pairs]), strict=True):
+        pair["p_holm"] = adj
+    mde = stats.minimum_detectable_gain(len(base), float(est[0]), 1 - a.ci)
+    return {"n_items": len(base), "base_acc": est[0], "mde": mde, "teachers": rows, "pairs": pairs}
+
+
+def _decision_columns(board: pd.DataFrame, decisions: dict[tuple, dict]) -> None:
+    """p_best, rank_ci and seed_sd on the distilled rows, in place."""
+    dist = board["row_type"] == "distilled"
+    keys = [*_GROUP, "teacher"]
+    by_teacher = {(*key, t["teacher"]): t for key, d in decisions.items() for t in d["teachers"]}
+    mine = [by_teacher.get(k) for k in board.loc[dist, keys].itertuples(index=False, name=None)]
+    board.loc[dist, "p_best"] = [NAN if t is None else t["p_best"] for t in mine]
+    board["rank_ci"] = board["rank_ci"].astype(object)
+    board.loc[dist, "rank_ci"] = [
+        None if t is None else f"{t['rank_low']}-{t['rank_high']}" for t in mine
+    ]
+    sd = board[dist].groupby(keys, sort=False)["post_acc"].transform("std")
+    board.loc[dist, "seed_sd"] = sd
 
 
 def _teacher_row(reader: _Reader, ev_cell: Eval, traces: Traces) -> dict:
@@ -356,14 +443,17 @@ _PROPERTIES = ("teacher_acc", "teacher_size", "gap")
 _GROUP = ["task", "student", "regime"]
 
 
-def analyse(exp: Experiment, board: pd.DataFrame) -> dict[str, Any]:
-    """Everything report.md states, as numbers: per (task, student, regime) group and overall."""
+def analyse(
+    exp: Experiment, board: pd.DataFrame, decisions: dict[tuple, dict] | None = None
+) -> dict[str, Any]:
+    """Everything report.md states, as numbers: per (task, student, regime) group and overall.
+    `decisions`: the teacher comparisons `leaderboard` returns (none: groups have no decision)."""
     a = exp.analysis
     dist = board[board["row_type"] == "distilled"]
     means = teacher_means(dist)
     rows = dict(list(dist.groupby(_GROUP, sort=False)))
     groups = [
-        _group(a, g, rows[key], dict(zip(_GROUP, key, strict=True)))
+        _group(a, g, rows[key], dict(zip(_GROUP, key, strict=True)), (decisions or {}).get(key))
         for key, g in means.groupby(_GROUP, sort=False)
     ]
     spread = task_spread(board)
@@ -386,6 +476,7 @@ def analyse(exp: Experiment, board: pd.DataFrame) -> dict[str, Any]:
         "regimes": regime_comparison(dist, list(exp.train.regimes)),
         "task_spread": spread.to_dict("records"),
         "spread_threshold": a.spread_threshold,
+        "min_teachers": stats.min_points(0.05),
         "selected_tasks": select_tasks_by_spread(board, a.spread_threshold),
     }
 
@@ -401,6 +492,7 @@ def teacher_means(dist: pd.DataFrame) -> pd.DataFrame:
             teacher_acc=("teacher_acc", "first"),
             teacher_size=("teacher_size", "first"),
             n_seeds=("post_acc", "count"),
+            seed_sd=("post_acc", "std"),
         )
         .reset_index()
     )
@@ -408,25 +500,93 @@ def teacher_means(dist: pd.DataFrame) -> pd.DataFrame:
     return means
 
 
-def _group(a: AnalysisConfig, g: pd.DataFrame, rows: pd.DataFrame, key: dict) -> dict[str, Any]:
+def _group(
+    a: AnalysisConfig, g: pd.DataFrame, rows: pd.DataFrame, key: dict, comparison: dict | None
+) -> dict[str, Any]:
     ranked = g.sort_values("post_acc", ascending=False, na_position="last", kind="stable")
     have = g.dropna(subset=["post_acc"])
     best = have.loc[have["post_acc"] == have["post_acc"].max(), "teacher"].tolist()
     strongest = g.loc[g["teacher_acc"] == g["teacher_acc"].max(), "teacher"].tolist()
+    columns = ["teacher", "post_acc", "gain", "teacher_acc", "teacher_size", "seed_sd"]
     return {
         **key,
         "base_acc": float(g["base_acc"].max()) if g["base_acc"].notna().any() else NAN,
-        "ranking": ranked[["teacher", "post_acc", "gain", "teacher_acc", "teacher_size"]].to_dict(
-            "records"
-        ),
+        "ranking": _within_noise(ranked[columns].to_dict("records")),
         "best_teachers": best,
         "strongest_teachers": strongest,
         "best_is_strongest": bool(set(best) & set(strongest)) if best and strongest else None,
         "verdict": _verdict(rows, best),
-        "correlations": correlations(a, g),
+        "comparison": comparison,
+        "decision": decide(a, comparison) if comparison else None,
+        "correlations": exact_correlations(g),
         "degraded": _degraded(rows),
         "delta_large": delta_large(g),
     }
+
+
+def _within_noise(ranking: list[dict]) -> list[dict]:
+    """Mark each ranked teacher whose post is within the seed-to-seed SD of the next one's
+    (`within_seed_noise_of_next`; None with one seed): that step of the ranking is noise."""
+    for this, nxt in itertools.pairwise(ranking):
+        sds = [x for x in (this["seed_sd"], nxt["seed_sd"]) if not math.isnan(x)]
+        step = abs(this["post_acc"] - nxt["post_acc"])
+        this["within_seed_noise_of_next"] = bool(step < max(sds)) if sds else None
+    if ranking:
+        ranking[-1]["within_seed_noise_of_next"] = None
+    return ranking
+
+
+def decide(a: AnalysisConfig, comparison: dict) -> dict[str, Any]:
+    """Which teacher, how sure, and could the data tell: the teacher most often best in the
+    bootstrap, every other teacher against it, and the teachers that beat (or lose to) the
+    baseline. A difference counts when its Holm p is at most 1 - ci and its CI excludes 0."""
+    alpha = 1 - a.ci
+    ts = comparison["teachers"]
+    best = max(ts, key=lambda t: (t["p_best"], t["post_acc"]))
+    name = best["teacher"]
+    versus = []
+    for q in comparison["pairs"]:
+        if name not in (q["a"], q["b"]):
+            continue
+        sign = 1 if q["b"] == name else -1  # orient as best minus other
+        low, high = sorted((sign * q["low"], sign * q["high"]))
+        other = q["a"] if sign == 1 else q["b"]
+        diff = sign * q["diff"]
+        versus.append(
+            {"teacher": other, "diff": diff, "low": low, "high": high, "p_holm": q["p_holm"],
+             "separated": bool(q["p_holm"] <= alpha and low > 0)}
+        )  # fmt: skip
+
+    def significant(t: dict, sign: int) -> bool:
+        return t["p_holm"] <= alpha and (t["gain_low"] > 0 if sign > 0 else t["gain_high"] < 0)
+
+    return {
+        "best": name,
+        "p_best": best["p_best"],
+        "versus": versus,
+        "separable": bool(versus) and all(v["separated"] for v in versus),
+        "beats_baseline": [t["teacher"] for t in ts if significant(t, 1)],
+        "worse_than_baseline": [t["teacher"] for t in ts if significant(t, -1)],
+        "alpha": alpha,
+    }
+
+
+def exact_correlations(means: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Spearman of post and gain against each teacher property inside one group, with an exact
+    permutation p-value; `too_few` below the fewest teachers a two-sided test needs to reach
+    alpha 0.05 (stats.min_points: 5), where no test on this many points can say anything."""
+    out = {}
+    for y in ("post_acc", "gain"):
+        for x in _PROPERTIES:
+            c = stats.spearman_exact(means[x], means[y])
+            n = int((means[x].notna() & means[y].notna()).sum())
+            out[f"{y}~{x}"] = {
+                **c._asdict(),
+                "n": n,
+                "smallest_p": stats.smallest_exact_p(n),
+                "too_few": n < stats.min_points(0.05),
+            }
+    return out
 
 
 def _verdict(rows: pd.DataFrame, best: list[str]) -> str | None:
@@ -449,6 +609,29 @@ def correlations(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, dict[str, 
             c = stats.spearman(means[x], means[y], a.ci, a.bootstrap_samples, a.seed)
             n = int((means[x].notna() & means[y].notna()).sum())
             out[f"{y}~{x}"] = {**c._asdict(), "n": n}
+    return out
+
+
+def within_group(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
+    """Capacity-gap statistics that differences between groups cannot drive.
+
+    Inside a group the baseline is one number, so post and gain rank alike and so do teacher
+    accuracy and the gap: two relations are left, gain against teacher accuracy and against
+    teacher size. For each: the mean of the within-group Spearman rhos (bootstrap over groups,
+    sign-flip p) and the OLS slope with one intercept per group (size as log10 parameters).
+    """
+    keyed = means.assign(
+        group=means[_GROUP].astype(str).agg("/".join, axis=1),
+        log10_size=np.log10(means["teacher_size"].astype(float)),
+    )
+    parts = [g for _, g in keyed.groupby("group", sort=False)]
+    out = {}
+    for x, fe_x in (("teacher_acc", "teacher_acc"), ("teacher_size", "log10_size")):
+        rhos = stats.mean_within_spearman(
+            [(g[x], g["gain"]) for g in parts], a.ci, a.bootstrap_samples, a.seed
+        )
+        slope = stats.fixed_effects_slope(keyed["gain"], keyed[fe_x], keyed["group"], a.ci)
+        out[f"gain~{x}"] = {"spearman": rhos, "fixed_effects": {**slope, "x": fe_x}}
     return out
 
 
@@ -510,7 +693,10 @@ def _overall(
         "n_best_is_strongest": sum(g["best_is_strongest"] for g in judged),
         "mean_post": float(means["post_acc"].mean()) if len(means) else NAN,
         "mean_gain": float(means["gain"].mean()) if len(means) else NAN,
-        "correlations": correlations(a, means),
+        "n_separable": sum(bool(g["decision"] and g["decision"]["separable"]) for g in mine),
+        "n_decided": sum(g["decision"] is not None for g in mine),
+        "pooled_correlations": correlations(a, means),
+        "within_group": within_group(a, means),
         "degraded": _degraded(rows),
         "n_delta_large": len(verdicts),
         "n_agree": sum(verdicts),

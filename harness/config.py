@@ -196,6 +196,9 @@ class AnalysisConfig(Strict):
     ci: float = Field(0.95, gt=0, lt=1)
     seed: int = 0
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
+    effect_of_interest: float = Field(
+        3.0, gt=0, le=100, description="smallest gain worth detecting, in points (`cotgap plan`)"
+    )
 
 
 class RayConfig(Strict):

@@ -10,6 +10,7 @@ complete on disk is skipped, so a killed run resumes and a second run computes n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -100,7 +101,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     from harness import progress
     from harness.cells import PHASES
 
-    cells = sorted(grids.expand(exp).unique(), key=lambda c: c.phase)
+    grid = grids.expand(exp)
+    cells = sorted(grid.unique(), key=lambda c: c.phase)
     todo = missing(store, cells)
     console = progress.console()
     title = (
@@ -132,7 +134,48 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
+    for line in detectable_gains(exp, store, grid):
+        console.print(line)
     return cells
+
+
+# A baseline at 50% has the most discordant items, so assuming it where none is measured gives the
+# largest (most cautious) minimum detectable gain.
+_UNMEASURED_BASE = 0.5
+
+
+def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = None) -> list[str]:
+    """One line per task and baseline: the smallest gain its test set detects (exact McNemar,
+    alpha 0.05, power 0.8) against the measured baseline of each student, else a 50% one (students
+    sharing a baseline share the line); a warning when it is larger than
+    analysis.effect_of_interest."""
+    from harness import stats
+
+    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    effect = exp.analysis.effect_of_interest
+    designs: dict[tuple[str, int, float | None], list[str]] = {}
+    for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
+        t = cell.config.get("task", {})
+        n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
+        base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
+        designs.setdefault((task, n, base), []).append(student)
+    lines = [f"minimum detectable gain (alpha 0.05, power 0.8; effect of interest {effect:g} pts):"]
+    for (task, n, base), students in designs.items():
+        who = f"  {task} / {', '.join(students)}"
+        if not n:
+            lines.append(f"{who}: test-set size unknown; no MDE")
+            continue
+        source = "not measured yet, assumed" if base is None else "measured"
+        base = _UNMEASURED_BASE if base is None else float(base)
+        d = stats.detectability(n, base, effect / 100)
+        mde = "out of reach" if math.isnan(d["mde"]) else f"{100 * d['mde']:.1f} pts"
+        line = f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}): MDE {mde}"
+        if d["too_coarse"]:
+            line += (
+                f" [yellow]> {effect:g} pts: the test set cannot detect the effect of interest[/]"
+            )
+        lines.append(line)
+    return lines
 
 
 def _needs(exp: Experiment, c: Cell) -> str:

@@ -9,12 +9,14 @@ whether ΔLarge and the baseline tell the same story. Accuracies and gains are s
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "cotgap"  # fixed SVG element ids: a rebuild is byte-identical
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -31,7 +33,7 @@ VERDICTS = {
 
 def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any]) -> None:
     """Plots and report.md into `out` (a fresh directory that `analyze.run` swaps in)."""
-    figures = plot_all(board, out)
+    figures = plot_all(board, out, result)
     sections = [
         _header(exp, result),
         _setup(result),
@@ -62,7 +64,7 @@ def pts(x: Any) -> str:
 
 def spts(x: Any) -> str:
     """A difference of fractions as signed points: -0.04 -> '-4.0'."""
-    return "–" if _nan(x) else f"{100 * x:+.1f}"
+    return "–" if _nan(x) else f"{round(100 * x, 1) + 0.0:+.1f}"  # + 0.0: no "-0.0"
 
 
 def pval(p: Any) -> str:
@@ -71,12 +73,6 @@ def pval(p: Any) -> str:
 
 def ci(low: Any, high: Any) -> str:
     return "–" if _nan(low) else f"[{spts(low)}, {spts(high)}]"
-
-
-def rho(c: dict[str, Any]) -> str:
-    if _nan(c["rho"]):
-        return f"n/a (n={c['n']})"
-    return f"{c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}], p={pval(c['p'])}, n={c['n']}"
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
@@ -174,29 +170,127 @@ def _answers(r: dict[str, Any]) -> str:
         "gain",
         "strongest teacher",
     ]
-    header += ["best is strongest?", "verdict"]
-    return "## Which teacher, if any?\n\n" + md_table(header, rows)
+    header += ["best is strongest?", "verdict (point-estimate best, its own CI)"]
+    for row, g in zip(rows, r["groups"], strict=True):
+        row.append(_tell(g["decision"]))
+    header.append("can the data tell the teachers apart?")
+    lines = [
+        f"- {_who(g)}: {decision_text(g['decision'], g['comparison'])}"
+        for g in r["groups"]
+        if g["decision"]
+    ]
+    return "\n\n".join(
+        [
+            "## Which teacher, if any?",
+            "Best teacher and gain by mean post (point estimates), then what the test items and "
+            "seeds can support: each teacher's p_best (share of joint bootstrap resamples of items "
+            f"and seeds in which it is best), differences with their {100 * r['analysis_config']['ci']:g}% "
+            "CI and exact sign-test p (McNemar with one seed), Holm-adjusted within the group. A "
+            "difference counts when both the Holm p and the CI say so.",
+            md_table(header, rows),
+            "\n".join(lines),
+        ]
+    )
+
+
+def _tell(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "–"
+    if not d["versus"]:
+        return "one teacher only"
+    if d["separable"]:
+        return f"yes: {d['best']} beats every other teacher"
+    return (
+        "no: "
+        + ", ".join(v["teacher"] for v in d["versus"] if not v["separated"])
+        + (f" indistinguishable from {d['best']}")
+    )
+
+
+def _diff(x: dict[str, Any], low: str = "low", high: str = "high", key: str = "diff") -> str:
+    return f"{spts(x[key])} pts, CI {ci(x[low], x[high])}, Holm p {pval(x['p_holm'])}"
+
+
+def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
+    """'teacher-m (p_best 0.81) beats teacher-l (+4.5 pts, CI [+1.0, +8.0], Holm p 0.020); ...'"""
+    best = f"{d['best']} (p_best {d['p_best']:.2f})"
+    beaten = [v for v in d["versus"] if v["separated"]]
+    tied = [v for v in d["versus"] if not v["separated"]]
+    parts = []
+    if not d["versus"]:
+        parts.append(f"{d['best']} is the only teacher scored")
+    elif beaten:
+        parts.append(f"{best} beats " + ", ".join(f"{v['teacher']} ({_diff(v)})" for v in beaten))
+    else:
+        parts.append(f"{best} is ahead by its point estimate")
+    parts += [f"{v['teacher']} is indistinguishable from {d['best']} ({_diff(v)})" for v in tied]
+    gains = {t["teacher"]: t for t in comparison["teachers"]}
+
+    def against_base(names: list[str]) -> str:
+        return ", ".join(f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})" for t in names)
+
+    if d["beats_baseline"]:
+        parts.append("beats the baseline: " + against_base(d["beats_baseline"]))
+    else:
+        mde = comparison["mde"]
+        reach = (
+            "no gain is detectable on this test set"
+            if _nan(mde)
+            else f"{comparison['n_items']} test items detect a gain of {pts(mde)} pts with 80% power"
+        )
+        parts.append(f"no teacher beats the baseline ({reach})")
+    if d["worse_than_baseline"]:
+        parts.append("worse than the baseline: " + against_base(d["worse_than_baseline"]))
+    return "; ".join(parts) + "."
 
 
 def _capacity_gap(r: dict[str, Any]) -> str:
     scored = [g for g in r["groups"] if g["best_teachers"]]
     if not scored:
         return "## Capacity gap\n\nNo distilled cell is scored yet."
-    parts = ["## Capacity gap", "Teachers ranked by post (mean over seeds):"]
-    ranks = [[g["task"], g["student"], g["regime"], _ranked(g["ranking"])] for g in scored]
-    parts.append(md_table(["task", "student", "regime", "ranking by post"], ranks))
+    parts = [
+        "## Capacity gap",
+        "Teachers ranked by post (mean over seeds; ≈ where the step is within the seed-to-seed "
+        f"SD, so seeds alone could reorder it), with p_best and the {100 * r['analysis_config']['ci']:g}% "
+        "interval of the rank:",
+    ]
+    ranks = [
+        [g["task"], g["student"], g["regime"], _ranked(g["ranking"]), _p_best(g["comparison"])]
+        for g in scored
+    ]
+    parts.append(md_table(["task", "student", "regime", "ranking by post", "p_best [rank]"], ranks))
     parts.extend(_overall_text(reg, o) for reg, o in r["overall"].items() if o["n_best_judged"])
     parts.append(
-        "Spearman rho [CI] per (student, task) group, one point per teacher (few points: wide CIs; "
-        "within a group the gap is teacher accuracy minus a constant):"
+        "Per group, one point per teacher: within a group the baseline is one number, so gain "
+        "ranks as post does and the gap as teacher accuracy. Spearman rho with its exact "
+        f"permutation p; a two-sided test needs at least {r['min_teachers']} teachers to reach "
+        "0.05:"
     )
-    keys = list(r["groups"][0]["correlations"]) if r["groups"] else []
+    keys = ("gain~teacher_acc", "gain~teacher_size")
     rows = [
-        [g["task"], g["student"], g["regime"], *(_rho_short(g["correlations"][k]) for k in keys)]
+        [g["task"], g["student"], g["regime"], *(_rho_exact(g["correlations"][k]) for k in keys)]
         for g in scored
     ]
     parts.append(md_table(["task", "student", "regime", *map(_measure, keys)], rows))
     return "\n\n".join(parts)
+
+
+def _p_best(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "–"
+    ts = sorted(c["teachers"], key=lambda t: -t["p_best"])
+    return ", ".join(
+        f"{t['teacher']} {t['p_best']:.2f} [{t['rank_low']}–{t['rank_high']}]" for t in ts
+    )
+
+
+def _rho_exact(c: dict[str, Any]) -> str:
+    if _nan(c["rho"]):
+        return f"n/a (n={c['n']})"
+    text = f"{c['rho']:+.2f}, exact p={pval(c['p'])}, n={c['n']}"
+    if c["too_few"]:
+        text += f": too few teachers to tell (smallest possible p {c['smallest_p']:.2f})"
+    return text
 
 
 _LABELS = {
@@ -213,40 +307,73 @@ def _measure(key: str) -> str:
     return f"{_LABELS[y]} vs {_LABELS[x]}"
 
 
-def _rho_short(c: dict[str, Any]) -> str:
-    return "n/a" if _nan(c["rho"]) else f"{c['rho']:+.2f} [{c['low']:+.2f}, {c['high']:+.2f}]"
-
-
 def _ranked(ranking: list[dict[str, Any]]) -> str:
-    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie."""
-    shown = [(t["teacher"], pts(t["post_acc"])) for t in ranking if not _nan(t["post_acc"])]
+    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie, and
+    `≈` joins a step within the seed-to-seed SD."""
+    shown = [t for t in ranking if not _nan(t["post_acc"])]
     out = ""
-    for i, (teacher, post) in enumerate(shown):
+    for i, t in enumerate(shown):
+        post = pts(t["post_acc"])
         if i:
-            out += " = " if post == shown[i - 1][1] else " > "
-        out += f"{teacher} {post}"
+            prev = shown[i - 1]
+            same = post == pts(prev["post_acc"])
+            out += " = " if same else " ≈ " if prev.get("within_seed_noise_of_next") else " > "
+        sd = t.get("seed_sd")
+        out += f"{t['teacher']} {post}" + ("" if _nan(sd) else f" (seed SD {pts(sd)})")
     return out
 
 
 def _overall_text(regime: str, o: dict[str, Any]) -> str:
     lines = [
         f"**{regime}, over all (student, task) groups:** the best teacher by post is the strongest "
-        f"by teacher accuracy in {o['n_best_is_strongest']} of {o['n_best_judged']} groups. "
-        "Pooled Spearman, one point per (student, task, teacher):"
+        f"by teacher accuracy in {o['n_best_is_strongest']} of {o['n_best_judged']} groups; "
+        f"in {o['n_separable']} of {o['n_decided']} the data separate the best teacher from every "
+        "other (Holm), so elsewhere that count rests on point estimates. "
+        "Within-group capacity gap (each group's own teachers compared, then combined):"
     ]
-    for key, c in o["correlations"].items():
-        lines.append(f"- {_measure(key)}: {rho(c)} — {_trend(c)}")
+    for key, w in o["within_group"].items():
+        sp, fe = w["spearman"], w["fixed_effects"]
+        unit = "per point of teacher accuracy" if fe["x"] == "teacher_acc" else "per 10× size"
+        slope = (
+            "n/a"
+            if _nan(fe["slope"])
+            else f"{fe['slope'] if fe['x'] == 'teacher_acc' else 100 * fe['slope']:+.2f}"
+            f"{'' if fe['x'] == 'teacher_acc' else ' pts'} {unit} "
+            f"[{_scaled(fe, 'low')}, {_scaled(fe, 'high')}], p={pval(fe['p'])}"
+        )
+        mean = (
+            "n/a"
+            if _nan(sp["mean_rho"])
+            else f"{sp['mean_rho']:+.2f} [{_f2(sp['low'])}, {_f2(sp['high'])}], "
+            f"sign-flip p={pval(sp['p'])}, {sp['n_groups']} groups with a defined rho"
+        )
+        lines.append(
+            f"- {_measure(key)}: mean within-group Spearman {mean}; slope with group fixed "
+            f"effects {slope}, n={fe['n']} — {_trend_fe(fe)}"
+        )
+    lines.append(
+        "(One Spearman over all (student, task, teacher) points pooled together is not shown: the "
+        "groups' different baselines drive it. analysis.json keeps it as pooled_correlations.)"
+    )
     return "\n".join(lines)
 
 
-def _trend(c: dict[str, Any]) -> str:
-    if _nan(c["rho"]) or _nan(c["low"]):
-        return "not defined (fewer than 3 points or a constant side)"
-    if c["low"] > 0:
-        return "the CI excludes 0: rises with it"
-    if c["high"] < 0:
-        return "the CI excludes 0: falls as it rises"
-    return "the CI includes 0: no evidence of a monotone relation"
+def _f2(x: Any) -> str:
+    return "–" if _nan(x) else f"{x:+.2f}"
+
+
+def _scaled(fe: dict[str, Any], key: str) -> str:
+    return _f2(fe[key] if fe["x"] == "teacher_acc" else 100 * fe[key])
+
+
+def _trend_fe(fe: dict[str, Any]) -> str:
+    if _nan(fe["slope"]):
+        return "not defined (too few points for one intercept per group)"
+    if fe["low"] > 0:
+        return "the CI excludes 0: gain rises with it inside groups"
+    if fe["high"] < 0:
+        return "the CI excludes 0: gain falls as it rises inside groups"
+    return "the CI includes 0: no evidence of a relation inside groups"
 
 
 def _degraded(r: dict[str, Any]) -> str:
@@ -374,16 +501,18 @@ def _leaderboard(board: pd.DataFrame) -> str:
     d = board[board["row_type"] == "distilled"]
     rows = [
         [x.task, x.student, x.regime, x.teacher, x.seed, pts(x.teacher_acc), pts(x.base_acc),
-         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pval(x.p_holm),
+         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pts(x.seed_sd),
+         _prob(x.p_best), "–" if _nan(x.rank_ci) else x.rank_ci, pval(x.p_holm),
          _mark(x.degraded, x.gain_ci_high), pts(x.format_fail_rate)]
         for x in d.itertuples()
     ]  # fmt: skip
     header = ["task", "student", "regime", "teacher", "seed", "teacher acc", "base", "post", "gain"]
-    header += ["gain CI", "p (Holm)", "degraded", "no answer"]
+    header += ["gain CI", "seed SD", "p_best", "rank CI", "p (Holm)", "degraded", "no answer"]
     return (
         "## Leaderboard (distilled cells)\n\nAll rows, including teacher and baseline rows, are in "
-        "leaderboard.csv. Degraded: yes* when the whole CI is below 0. No answer: % of completions "
-        "the extractor found no answer in.\n\n" + md_table(header, rows)
+        "leaderboard.csv. Degraded: yes* when the whole CI is below 0. Seed SD: post's SD over "
+        "training seeds (– with one seed), the noise floor of every gain and ranking. No answer: % "
+        "of completions the extractor found no answer in.\n\n" + md_table(header, rows)
     )
 
 
@@ -400,6 +529,10 @@ def _formats(board: pd.DataFrame) -> str:
     return "## Answer formats (teachers and baselines)\n\n" + md_table(header, rows)
 
 
+def _prob(p: Any) -> str:
+    return "–" if _nan(p) else f"{p:.2f}"
+
+
 def _mark(degraded: Any, high: Any) -> str:
     if _nan(degraded):
         return "–"
@@ -410,78 +543,138 @@ def _figures(figures: list[Path], out: Path) -> str:
     if not figures:
         return ""
     links = [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in figures]
-    return "## Figures\n\n" + "\n\n".join(links)
+    note = (
+        "Error bars: the 95% joint bootstrap interval over test items (and training seeds); each "
+        "figure is also saved as SVG next to its PNG."
+    )
+    return "## Figures\n\n" + note + "\n\n" + "\n\n".join(links)
 
 
 # --- plots ---------------------------------------------------------------------------------------
 
 
-def plot_all(board: pd.DataFrame, out: Path) -> list[Path]:
-    """One gain heatmap and one post-vs-teacher-accuracy plot per (task, regime) with data."""
+def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Path]:
+    """Per (task, regime): gains with CIs and post vs teacher accuracy; per (student, regime): the
+    capacity gap (gain vs teacher accuracy and vs size). PNG paths (an SVG is saved beside each)."""
     d = board[board["row_type"] == "distilled"]
+    points = _points(result)
     paths = []
     for (task, regime), g in d.groupby(["task", "regime"], sort=False):
         if g["post_acc"].notna().any():
-            stem = f"{safe_name(task)}_{safe_name(regime)}"
-            paths.append(heatmap(g, out / f"gain_{stem}.png", f"{task} ({regime})"))
-            paths.append(
-                post_vs_teacher(g, out / f"post_vs_teacher_{stem}.png", f"{task} ({regime})")
-            )
+            stem, title = f"{safe_name(task)}_{safe_name(regime)}", f"{task} ({regime})"
+            mine = points[(points["task"] == task) & (points["regime"] == regime)]
+            paths.append(gains(mine, out / f"gain_{stem}.png", title))
+            paths.append(post_vs_teacher(mine, out / f"post_vs_teacher_{stem}.png", title))
+    for (student, regime), mine in points.groupby(["student", "regime"], sort=False):
+        stem = f"{safe_name(student)}_{safe_name(regime)}"
+        paths.append(capacity_gap(mine, out / f"capacity_gap_{stem}.png", f"{student} ({regime})"))
     return paths
 
 
-def heatmap(g: pd.DataFrame, path: Path, title: str) -> Path:
-    """Gain (points, mean over seeds) over teacher × student; degraded cells hatched with an ×."""
-    gain = 100 * g.pivot_table(index="teacher", columns="student", values="gain", sort=False)
-    order = g.groupby("teacher", sort=False)["teacher_acc"].first().sort_values(kind="stable")
-    gain = gain.reindex(index=order.index)
-    lim = max(float(np.nanmax(np.abs(gain.to_numpy()))), 1.0) if gain.notna().any().any() else 1.0
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * gain.shape[1], 1.2 + 0.7 * gain.shape[0]))
-    im = ax.imshow(gain.to_numpy(dtype=float), cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
-    for (i, j), v in np.ndenumerate(gain.to_numpy(dtype=float)):
-        if np.isnan(v):
-            ax.text(j, i, "n/a", ha="center", va="center", color="grey")
+def _points(result: dict[str, Any]) -> pd.DataFrame:
+    """One row per (task, student, regime, teacher) with a comparison: means over seeds and CIs."""
+    rows = []
+    for g in result["groups"]:
+        if not g["comparison"]:
             continue
-        if v < 0:
-            box = plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="xx", ec="0.35", lw=0)
-            ax.add_patch(box)
-        label = f"{v:+.1f}" + (" ×" if v < 0 else "")
-        ax.text(
-            j, i, label, ha="center", va="center", bbox={"fc": "white", "ec": "none", "alpha": 0.85}
+        info = {t["teacher"]: t for t in g["ranking"]}
+        for t in g["comparison"]["teachers"]:
+            rows.append(
+                {"task": g["task"], "student": g["student"], "regime": g["regime"],
+                 "base_acc": g["comparison"]["base_acc"], **t,
+                 "teacher_acc": info[t["teacher"]]["teacher_acc"],
+                 "teacher_size": info[t["teacher"]]["teacher_size"]}
+            )  # fmt: skip
+    columns = ["task", "student", "regime", "teacher", "base_acc", "post_acc", "post_low"]
+    columns += ["post_high", "gain", "gain_low", "gain_high", "teacher_acc", "teacher_size"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _title(ax: plt.Axes, text: str) -> None:
+    ax.set_title(textwrap.fill(text, 48), fontsize=9)
+
+
+def _errors(mid: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
+    return 100 * np.vstack([mid - low, high - mid]).clip(min=0)
+
+
+def gains(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Gain over the baseline (points) of each teacher, one row per student, with its 95% CI;
+    red where the whole CI is below 0 (significantly degraded)."""
+    students = list(dict.fromkeys(p["student"]))
+    teachers = list(dict.fromkeys(p["teacher"]))
+    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.45 * len(p)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    labels, y = [], 0
+    for student in students:
+        s = (
+            p[p["student"] == student]
+            .set_index("teacher")
+            .reindex(teachers)
+            .dropna(subset=["gain"])
         )
-    ax.set_xticks(range(gain.shape[1]), gain.columns)
-    ax.set_yticks(range(gain.shape[0]), [f"{t} ({pts(order[t])})" for t in gain.index])
-    ax.set_xlabel("student")
-    ax.set_ylabel("teacher (test accuracy)")
-    ax.set_title(f"gain over baseline, points: {title}\nhatched × = degraded")
-    fig.colorbar(im, ax=ax, label="gain (points)")
+        for teacher, row in s.iterrows():
+            color = "tab:red" if row["gain_high"] < 0 else colors[teachers.index(teacher) % 10]
+            ax.errorbar(100 * row["gain"], y, xerr=_errors(row["gain"], row["gain_low"],
+                        row["gain_high"]).reshape(2, 1), fmt="o", color=color, capsize=3)  # fmt: skip
+            labels.append(f"{student} ← {teacher}")
+            y += 1
+    ax.axvline(0, color="0.3", lw=1, ls="--")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("gain over the student's baseline (points, 95% CI)")
+    _title(ax, f"gain by teacher: {title}")
     return _save(fig, path)
 
 
-def post_vs_teacher(g: pd.DataFrame, path: Path, title: str) -> Path:
-    """Post vs teacher accuracy, one line per student; its baseline is the dashed line."""
+def post_vs_teacher(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Post vs teacher accuracy with 95% CIs, one line per student; its baseline is dashed."""
     fig, ax = plt.subplots(figsize=(6, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (student, s) in enumerate(g.groupby("student", sort=False)):
-        m = s.groupby("teacher", sort=False)[["teacher_acc", "post_acc", "base_acc"]].mean()
-        m = m.dropna(subset=["teacher_acc", "post_acc"]).sort_values("teacher_acc")
+    for i, (student, s) in enumerate(p.groupby("student", sort=False)):
+        s = s.dropna(subset=["teacher_acc", "post_acc"]).sort_values("teacher_acc")
         color = colors[i % len(colors)]
-        ax.plot(100 * m["teacher_acc"], 100 * m["post_acc"], "o-", color=color, label=student)
-        for teacher, row in m.iterrows():
-            ax.annotate(teacher, (100 * row["teacher_acc"], 100 * row["post_acc"]), fontsize=7,
+        ax.errorbar(100 * s["teacher_acc"], 100 * s["post_acc"], capsize=3, fmt="o-", color=color,
+                    yerr=_errors(s["post_acc"], s["post_low"], s["post_high"]), label=student)  # fmt: skip
+        for row in s.itertuples():
+            ax.annotate(row.teacher, (100 * row.teacher_acc, 100 * row.post_acc), fontsize=7,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
-        if s["base_acc"].notna().any():
-            ax.axhline(100 * s["base_acc"].dropna().iloc[0], ls="--", color=color, lw=1,
+        if len(s):
+            ax.axhline(100 * s["base_acc"].iloc[0], ls="--", color=color, lw=1,
                        label=f"{student} baseline")  # fmt: skip
     ax.set_xlabel("teacher test accuracy (points)")
-    ax.set_ylabel("distilled student accuracy (points)")
-    ax.set_title(f"post vs teacher accuracy: {title}")
+    ax.set_ylabel("distilled student accuracy (points, 95% CI)")
+    _title(ax, f"post vs teacher accuracy: {title}")
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def capacity_gap(p: pd.DataFrame, path: Path, title: str) -> Path:
+    """Gain vs teacher accuracy and vs teacher size (log scale), one series per task, 95% CIs;
+    the student's own baseline is the line at 0."""
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, x, label in zip(axes, ("teacher_acc", "teacher_size"),
+                            ("teacher test accuracy (points)", "teacher parameters"), strict=True):  # fmt: skip
+        for i, (task, s) in enumerate(p.groupby("task", sort=False)):
+            s = s.dropna(subset=[x, "gain"]).sort_values(x)
+            xs = 100 * s[x] if x == "teacher_acc" else s[x]
+            ax.errorbar(xs, 100 * s["gain"], yerr=_errors(s["gain"], s["gain_low"], s["gain_high"]),
+                        fmt="o-", capsize=3, color=colors[i % len(colors)], label=task)  # fmt: skip
+        ax.axhline(0, color="0.3", lw=1, ls="--", label="baseline (gain 0)")
+        if x == "teacher_size" and p[x].notna().any() and (p[x] > 0).all():
+            ax.set_xscale("log")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("gain over baseline (points, 95% CI)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(textwrap.fill(f"capacity gap: {title}", 80), fontsize=10)
     return _save(fig, path)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    # no creation date in the SVG, so a rebuild writes the same bytes
+    fig.savefig(path.with_suffix(".svg"), metadata={"Date": None})
     plt.close(fig)
     return path
