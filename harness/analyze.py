@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, scoring, stats
+from harness import answers, models, regimes, scoring, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -90,6 +90,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["missing_cells"] = missing
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
+    result["adapter_budgets"] = adapter_budgets(store, board)
     result["eval_config"] = canonical(exp.evaluate)
     out = store.root / "analysis"
     # what a killed analysis left (the results-directory lock says no other one is running)
@@ -268,7 +269,9 @@ def leaderboard(
             for (t, s, teacher, _, _), d in grid.distilled.items():
                 if (t, s) == (task, student):
                     row = _distilled_row(exp.analysis, reader, d)
-                    rows.append({**_teacher_columns(teachers[task, teacher]), **row})
+                    # a mix row has no teacher row of its own (regimes.MIX_TEACHER)
+                    of = teachers.get((task, teacher), {"task": task, "teacher": teacher})
+                    rows.append({**_teacher_columns(of), **row})
     board = pd.DataFrame(rows)
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
@@ -373,7 +376,7 @@ def _teacher_row(reader: _Reader, ev_cell: Eval, traces: Traces) -> dict:
 
 def _teacher_columns(teacher_row: dict) -> dict:
     keys = ("task", "teacher", "teacher_acc", "teacher_train_acc", "traces_key")
-    return {k: teacher_row[k] for k in keys}
+    return {k: teacher_row.get(k) for k in keys}
 
 
 def _baseline_row(reader: _Reader, cell: Eval) -> dict:
@@ -463,17 +466,21 @@ def analyse(
             "teachers": [t.name for t in exp.teachers],
             "students": [s.name for s in exp.students],
             "tasks": [t.name for t in exp.tasks],
-            "regimes": list(exp.train.regimes),
+            "regimes": regimes.row_regimes(exp.train),
             "seeds": list(exp.train.seeds),
         },
         "analysis_config": canonical(a),
         "groups": groups,
         "overall": {
             r: _overall(a, means[means["regime"] == r], dist[dist["regime"] == r], groups, r)
-            for r in exp.train.regimes
+            for r in regimes.row_regimes(exp.train)
         },
         "degraded": _degraded(dist),
-        "regimes": regime_comparison(dist, list(exp.train.regimes)),
+        # per-teacher regimes pair by teacher; a mix row (no teacher of its own) is compared in
+        # the budget table instead
+        "regimes": regime_comparison(
+            dist, [r for r in regimes.row_regimes(exp.train) if not r.startswith("mix")]
+        ),
         "task_spread": spread.to_dict("records"),
         "spread_threshold": a.spread_threshold,
         "min_teachers": stats.min_points(0.05),
@@ -707,7 +714,7 @@ def _overall(
 def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
     """Mean post and gain per regime over the (task, student, teacher, seed) cells complete in all."""
     keys = ["task", "student", "teacher", "seed"]
-    scored = dist.dropna(subset=["post_acc", "gain"])
+    scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
     reference = "per_teacher" if "per_teacher" in regimes else regimes[0]
@@ -789,6 +796,43 @@ def training_budget(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[
         epochs = steps * batch / n_examples if steps and batch and n_examples else NAN
         observed.append({"steps": steps, "effective_batch": batch, "epochs": epochs})
     return {"configured": configured, "observed": _observed(observed)}
+
+
+def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per complete adapter: its regime (with the budget alignment), teacher (or mix), seed, the
+    optimizer updates, effective batch, examples and tokens it trained on, the realised mix of a
+    mix set, and its post accuracy and gain; one row per adapter, in leaderboard order."""
+    out, seen = [], set()
+    dist = board[board["row_type"] == "distilled"].dropna(subset=["adapter_key"])
+    for r in dist.itertuples():
+        manifest = store.manifest("adapter", r.adapter_key)
+        if manifest is None or (r.adapter_key, r.regime) in seen:
+            continue
+        seen.add((r.adapter_key, r.regime))
+        s, b = manifest.get("summary") or {}, (manifest.get("summary") or {}).get("budget") or {}
+        dataset = (
+            store.manifest("dataset", manifest["upstream"][0]) if manifest.get("upstream") else None
+        )
+        out.append(
+            {
+                "task": r.task,
+                "student": r.student,
+                "regime": r.regime,
+                "teacher": r.teacher,
+                "seed": r.seed,
+                "align": b.get("align", "none"),
+                "updates": s.get("steps"),
+                "effective_batch": s.get("effective_batch"),
+                "examples": b.get("examples"),
+                "tokens": s.get("tokens"),
+                "planned_updates": b.get("updates"),
+                "reference_updates": (b.get("reference") or {}).get("updates"),
+                "mix": ((dataset or {}).get("summary") or {}).get("mix"),
+                "post_acc": r.post_acc,
+                "gain": r.gain,
+            }
+        )
+    return out
 
 
 def _observed(adapters: list[dict]) -> dict[str, Any]:

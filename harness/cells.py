@@ -178,16 +178,20 @@ class Dataset(_Distilling):
         regime: str,
         traces: dict[str, Traces],
     ) -> Dataset:
-        up = regimes.inputs(regime, traces[teacher].key, [c.key for c in traces.values()])
+        """`teacher`: regimes.MIX_TEACHER for the mix regime (its teachers are train.mix)."""
+        keys = {name: c.key for name, c in traces.items()}
+        mixed = [keys[p.teacher] for p in exp.train.mix] if regime == "mix" else []
+        own = None if regime == "mix" else keys[teacher]
+        up = regimes.inputs(regime, own or "", list(keys.values()), mixed)
         task_id = task_identity(exp, task, "train")
         config = {
             "student": ident,
             "task": task_id,
             "regime": regime,
-            "teacher": traces[teacher].key,
+            "teacher": own,
             "teachers": sorted(up),
             "max_length": exp.train.max_length,
-            **regimes.key_fields(regime, exp.train),
+            **regimes.key_fields(regime, exp.train, keys),
             # the dataset selects by the current extractor's verdicts: a version bump rebuilds it
             "extractor_version": answers.EXTRACTORS[task_id["extractor"]].version,
         }
@@ -214,19 +218,43 @@ class Adapter(_Distilling):
     def _parallel(self, exp: Experiment, engine_parallel: int) -> int:
         return exp.train.num_processes
 
+    @property
+    def align(self) -> str:
+        """The training budget's alignment (`none`: the cell trains its own config)."""
+        return (self.config.get("budget") or {}).get("align", "none")
+
     @classmethod
-    def of(cls, exp: Experiment, ident: dict, dataset: Dataset, seed: int) -> Adapter:
-        settings = canonical(exp.train.model_copy(update={"seeds": (), "regimes": ()}))
+    def of(
+        cls,
+        exp: Experiment,
+        ident: dict,
+        dataset: Dataset,
+        seed: int,
+        align: str = "none",
+        reference: Dataset | None = None,
+    ) -> Adapter:
+        """`align` other than none: trains as many updates as match `reference` (a per_teacher
+        dataset, `upstream[1]`) in updates, tokens or examples; the train stage computes them
+        from both datasets before training. The reference's own adapter is left unaligned."""
+        tr = exp.train
+        settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
         # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
         # the key. (checkpoint_every predates this rule and stays in the key.)
         settings.pop("checkpoint_seconds")
+        for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
+            settings.pop(name)
         if not settings["merge"]:
             settings.pop("merge")  # added after keys were published: left out at its old value
+        if dataset.regime == "mix" and tr.mix_batch:
+            settings.update(canonical(tr.mix_batch))
         config = {"student": ident, "train": settings, "seed": seed}
-        up = (dataset.key,)
+        up: tuple[str, ...] = (dataset.key,)
+        if align != "none" and reference is not None and reference.key != dataset.key:
+            config["budget"] = {"align": align}
+            up = (dataset.key, reference.key)
         key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
-        d = dataset
-        return cls(key, config, up, d.model, d.task, d.teacher, d.regime, seed)
+        d, regime = dataset, regimes.row_regime(dataset.regime, align)
+        return cls(key, config, up, d.model, d.task, d.teacher, regime, seed)
 
 
 def engine_versions(engine: str) -> dict[str, str]:

@@ -134,7 +134,49 @@ class LoraConfig(Strict):
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-Regime = Literal["per_teacher", "intersection", "matched"]
+Regime = Literal["per_teacher", "intersection", "matched", "mix"]
+Align = Literal["none", "updates", "tokens", "examples"]
+
+
+class MixPart(Strict):
+    """One teacher of the `mix` regime and its weight (parts of the mix, e.g. 1 large : 4 small)."""
+
+    teacher: str
+    weight: float = Field(gt=0)
+
+
+class MixBatch(Strict):
+    """The batch the mix regime's adapters train with, where it differs from the training's own
+    (Li et al.'s published mix configs: 5 per device x 4 accumulation against 2 x 1)."""
+
+    per_device_batch_size: int = Field(gt=0)
+    grad_accum: int = Field(1, gt=0)
+
+
+class Budget(Strict):
+    """How adapters of different regimes are made comparable. `none`: each trains its own config
+    (max_steps or epochs over its own set, at its own batch). `updates`, `tokens`, `examples`:
+    each adapter trains for as many optimizer updates as it takes to match the reference adapter
+    (the per_teacher set of `reference`, same student, task and seed, at the training's batch)
+    in updates, in tokens seen, or in examples seen. Several names give one adapter per name."""
+
+    align: tuple[Align, ...] = ("none",)
+    reference: str | None = Field(
+        None, description="a teacher's per_teacher set; default the first"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_or_many(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("align"), str):
+            data = {**data, "align": [data["align"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Budget:
+        if not self.align or len(set(self.align)) != len(self.align):
+            raise ValueError("align: give each of none, updates, tokens, examples at most once")
+        return self
 
 
 class TrainConfig(Strict):
@@ -154,6 +196,11 @@ class TrainConfig(Strict):
     seeds: tuple[int, ...] = (0,)
     regimes: tuple[Regime, ...] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"
+    mix: tuple[MixPart, ...] = Field((), description="the mix regime's teachers and weights")
+    mix_batch: MixBatch | None = Field(
+        None, description="the mix adapters' batch (default: train's)"
+    )
+    budget: Budget = Budget()
     checkpoint_every: int = Field(0, ge=0, description="0 = no intermediate checkpoints")
     checkpoint_seconds: float = Field(
         60, ge=0, description="checkpoint after this much training time (0 = never)"
@@ -173,6 +220,10 @@ class TrainConfig(Strict):
     def _one_budget(self) -> TrainConfig:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of max_steps or epochs (the training budget)")
+        if ("mix" in self.regimes) != bool(self.mix):
+            raise ValueError("the mix regime needs train.mix (two or more teachers), and only it")
+        if self.mix and len({p.teacher for p in self.mix}) < 2:
+            raise ValueError("mix: name two or more different teachers")
         return self
 
 
@@ -239,6 +290,13 @@ class Experiment(Strict):
         tasks = [t.name for t in self.tasks]
         if len(set(tasks)) != len(tasks):
             raise ValueError("task names must be unique")
+        teachers = [t.name for t in self.teachers]
+        named = [p.teacher for p in self.train.mix] + [self.train.budget.reference]
+        wrong = sorted({n for n in named if n is not None and n not in teachers})
+        if wrong:
+            raise ValueError(
+                f"train.mix / train.budget.reference: not a teacher: {wrong}; teachers: {teachers}"
+            )
         return self
 
     def model(self, name: str) -> ModelSpec:

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from harness import models, regimes, scoring
-from harness.cells import Dataset
+from harness.cells import Dataset, Traces, model_identities
 from harness.config import Experiment
 from harness.errors import UserError
 from harness.store import Store, read_jsonl
@@ -82,6 +82,13 @@ def _render(records: list[dict], tok: Any, chat: bool, max_length: int) -> tuple
     return kept, dropped
 
 
+def _teacher_names(exp: Experiment, cell: Dataset) -> dict[str, str]:
+    """Traces key -> teacher name, for the teachers a mix set reads."""
+    ids = model_identities(exp)
+    names = {Traces.of(exp, ids[t.name], t.name, cell.task).key: t.name for t in exp.teachers}
+    return {key: names[key] for key in cell.upstream}
+
+
 def run(exp: Experiment, store: Store, cells: list[Dataset]) -> dict[str, dict]:
     """Build dataset cells; returns their summaries by key."""
     return {c.key: build(exp, store, c) for c in cells if not store.complete(c.kind, c.key)}
@@ -99,6 +106,7 @@ def build(exp: Experiment, store: Store, cell: Dataset) -> dict:
         usable,
         lambda rs: _render(rs, tok, student.chat_template, cfg["max_length"]),
         cfg["matched_by"],
+        [(key, weight) for key, weight in cfg.get("mix", [])],
     )
     # An empty set is a result (the teacher solved nothing usable), not an error: the cell completes
     # with n_examples 0, and the scheduler skips the adapter and eval cells downstream of it.
@@ -112,6 +120,9 @@ def build(exp: Experiment, store: Store, cell: Dataset) -> dict:
         "n_questions": len({e["id"] for e in examples}),
         "rescored_traces_cells": rescored,
     }
+    if cell.regime == "mix":
+        summary["mix"] = regimes.realised_mix(examples, _teacher_names(exp, cell))
+        summary["mix_weights"] = {p.teacher: p.weight for p in exp.train.mix}
     with store.open_cell("dataset", cell.key, cell.config, cell.upstream) as out:
         out.write_text("examples.jsonl", "".join(json.dumps(e) + "\n" for e in examples))
         out.finish(summary, packages=("transformers",))

@@ -4,7 +4,8 @@
 
 `expand(exp)` is pure: it reads model and task identities, never the store or a stage. Per task,
 one traces and one eval cell per teacher; one baseline eval per student, shared by every teacher;
-per (student, regime, teacher) one dataset, and per seed an adapter and its eval. A cell shared by
+per (student, regime, teacher) one dataset (the mix regime: one per student), and per seed and
+budget alignment (train.budget.align) an adapter and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
 row's cells, so the analysis reads the grid instead of rebuilding it.
 """
@@ -18,6 +19,7 @@ from harness import models
 from harness.cells import Adapter, Cell, Dataset, Eval, Traces, model_identities, task_identity
 from harness.config import Experiment
 from harness.errors import UserError
+from harness.regimes import MIX_TEACHER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +30,7 @@ class Distilled:
     adapter: Adapter
     dataset: Dataset
     baseline: Eval
-    traces: Traces
+    traces: Traces | None  # None for a mix row (its traces are its dataset's inputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,18 +86,36 @@ def expand(exp: Experiment) -> Grid:
         for s in exp.students:
             base = baselines[task, s.name] = Eval.of(exp, ids[s.name], s.name, task)
             cells.append(base)
-            for regime in exp.train.regimes:
-                for t in exp.teachers:
-                    d = Dataset.of(exp, ids[s.name], s.name, t.name, task, regime, traces)
-                    cells.append(d)
-                    for seed in exp.train.seeds:
-                        a = Adapter.of(exp, ids[s.name], d, seed)
-                        names = {"teacher": t.name, "regime": regime, "seed": seed}
-                        e = Eval.of(exp, ids[s.name], s.name, task, a, role="distilled", **names)
-                        cells.extend((a, e))
-                        row = (task, s.name, t.name, regime, seed)
-                        distilled[row] = Distilled(e, a, d, base, traces[t.name])
+            reference = _reference(exp, ids[s.name], s.name, task, traces, cells)
+            for align in exp.train.budget.align:
+                for regime in exp.train.regimes:
+                    names = [MIX_TEACHER] if regime == "mix" else [t.name for t in exp.teachers]
+                    for t in names:
+                        d = Dataset.of(exp, ids[s.name], s.name, t, task, regime, traces)
+                        cells.append(d)
+                        for seed in exp.train.seeds:
+                            a = Adapter.of(exp, ids[s.name], d, seed, align, reference)
+                            row = (task, s.name, t, a.regime, seed)
+                            names_ = {"teacher": t, "regime": a.regime, "seed": seed}
+                            e = Eval.of(
+                                exp, ids[s.name], s.name, task, a, role="distilled", **names_
+                            )
+                            cells.extend((a, e))
+                            distilled[row] = Distilled(e, a, d, base, traces.get(t))
     return Grid(tuple(cells), traces_of, teachers, baselines, distilled)
+
+
+def _reference(
+    exp: Experiment, ident: dict, student: str, task: str, traces: dict, cells: list[Cell]
+) -> Dataset | None:
+    """The per_teacher set budgets align to (train.budget.reference, default the first teacher),
+    a cell of the grid even where per_teacher is not one of its regimes; None when nothing aligns."""
+    if exp.train.budget.align == ("none",):
+        return None
+    teacher = exp.train.budget.reference or exp.teachers[0].name
+    d = Dataset.of(exp, ident, student, teacher, task, "per_teacher", traces)
+    cells.append(d)
+    return d
 
 
 def check(exp: Experiment) -> list[str]:

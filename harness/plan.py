@@ -75,7 +75,6 @@ def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
     sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
     out = {"generated_tokens_max": 0, "eval_tokens_max": 0, "train_steps": 0, "train_tokens_max": 0}
     tr = exp.train
-    eff_batch = tr.per_device_batch_size * tr.grad_accum * tr.num_processes
     for c in cells:
         t = c.config.get("task", {})
         n_items = t.get("limit") or sizes.get(t.get("name"), {}).get(t.get("split"), 0) or 0
@@ -84,12 +83,15 @@ def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
         elif c.kind == "eval":
             out["eval_tokens_max"] += n_items * exp.evaluate.n * exp.evaluate.max_tokens
         elif c.kind == "adapter":
+            # the adapter's own batch (a mix may train with its own) and its task's train limit
+            own = c.train  # type: ignore[attr-defined]
+            batch = own.per_device_batch_size * own.grad_accum * own.num_processes
             steps = tr.max_steps or 0
             if tr.epochs:
-                n_train = sizes.get(c.task, {}).get("train", 0) * exp.generate.n
-                steps = int(tr.epochs * n_train / eff_batch) + 1
+                limit = exp.task(c.task).train_limit or sizes.get(c.task, {}).get("train", 0)
+                steps = int(tr.epochs * limit * exp.generate.n / batch) + 1
             out["train_steps"] += steps
-            out["train_tokens_max"] += steps * eff_batch * tr.max_length
+            out["train_tokens_max"] += steps * batch * tr.max_length
     return out
 
 

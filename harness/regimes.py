@@ -5,6 +5,13 @@ the common fields, and how it selects the examples. All regime logic lives here.
     intersection  the teacher's usable traces on questions every teacher solved
     matched       the teacher's examples, subsampled (seeded) to the smallest teacher's set, in
                   examples or in completion tokens (`train.matched_by`)
+    mix           several teachers' examples in the proportions of their weights (`train.mix`,
+                  Li et al.'s Mix Distillation): the largest seeded subsample of each teacher's set
+                  whose sizes stand in the weights' ratio; one set per (student, task), its rows
+                  named by MIX_TEACHER
+
+How adapters of different regimes are compared is the training budget (`train.budget.align`):
+`row_regime` names a row by regime and alignment (`mix`, `mix@updates`).
 
 A trace is usable when it is correct and finished; an example is a usable trace rendered for the
 student that fits `train.max_length` (over-long ones are dropped, never truncated).
@@ -16,28 +23,56 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-NAMES = ("per_teacher", "intersection", "matched")
+NAMES = ("per_teacher", "intersection", "matched", "mix")
 MATCHED_SEED = 0  # dataset cells have no seed: every training seed sees the same matched subset
+MIX_TEACHER = "mix"  # the `teacher` of a mix row: its set is several teachers'
 
 Records = list[dict[str, Any]]
 Render = Callable[[Records], tuple[Records, int]]  # records -> (examples, dropped as over-long)
 
 
-def inputs(regime: str, teacher: str, every_teacher: Sequence[str]) -> tuple[str, ...]:
-    """The traces cells a dataset reads: its teacher's, or (intersection, matched) every teacher's."""
+def inputs(
+    regime: str, teacher: str, every_teacher: Sequence[str], mixed: Sequence[str] = ()
+) -> tuple[str, ...]:
+    """The traces cells a dataset reads: its teacher's, (intersection, matched) every teacher's,
+    or (mix) the mixed teachers'."""
+    if regime == "mix":
+        return tuple(mixed)
     return (teacher,) if regime == "per_teacher" else tuple(every_teacher)
 
 
-def key_fields(regime: str, train: Any) -> dict[str, Any]:
-    """What of the training config a dataset's key holds besides max_length."""
-    return {"matched_by": train.matched_by if regime == "matched" else None}
+def key_fields(regime: str, train: Any, traces: dict[str, str] | None = None) -> dict[str, Any]:
+    """What of the training config a dataset's key holds besides max_length (`traces`: the traces
+    key of each teacher, which the mix's weights are keyed by)."""
+    fields: dict[str, Any] = {"matched_by": train.matched_by if regime == "matched" else None}
+    if regime == "mix":  # a new regime: its field is in no earlier key
+        fields["mix"] = sorted([traces[p.teacher], p.weight] for p in train.mix)
+    return fields
+
+
+def row_regime(regime: str, align: str) -> str:
+    """A distilled row's regime: the set's regime, and the budget alignment unless none."""
+    return regime if align == "none" else f"{regime}@{align}"
+
+
+def row_regimes(train: Any) -> list[str]:
+    """Every row regime of a training config, in report order."""
+    return [row_regime(r, a) for a in train.budget.align for r in train.regimes]
 
 
 def select(
-    regime: str, teacher: str, usable: dict[str, Records], render: Render, matched_by: str | None
+    regime: str,
+    teacher: str | None,
+    usable: dict[str, Records],
+    render: Render,
+    matched_by: str | None,
+    mix: Sequence[tuple[str, float]] = (),
 ) -> tuple[Records, int]:
     """The examples of `teacher` (a traces key in `usable`, which maps every input to its usable
-    traces) under `regime`, and how many of the teacher's were dropped as over-long."""
+    traces) under `regime`, and how many of the teacher's were dropped as over-long. For mix,
+    `mix` holds (traces key, weight) pairs; each example names its traces cell (`source`)."""
+    if regime == "mix":
+        return _mix({key: render(usable[key]) for key, _ in mix}, dict(mix))
     if regime == "intersection":  # solved: a correct trace, whether or not it fits
         solved = set.intersection(*({r["id"] for r in rs} for rs in usable.values()))
         usable = {teacher: [r for r in usable[teacher] if r["id"] in solved]}
@@ -65,3 +100,28 @@ def _match(examples: Records, sets: list[Records], matched_by: str) -> Records:
                 chosen.append(i)
                 used += examples[i]["n_completion_tokens"]
     return [examples[i] for i in sorted(chosen)]
+
+
+def _mix(
+    rendered: dict[str, tuple[Records, int]], weights: dict[str, float]
+) -> tuple[Records, int]:
+    """The largest mix in the weights' ratio: k = min(available / weight); each source gives
+    floor(k * weight) examples, a seeded subsample in its original order."""
+    k = min(len(rendered[key][0]) / w for key, w in weights.items())
+    out: Records = []
+    for key in sorted(weights):
+        examples = rendered[key][0]
+        order = list(range(len(examples)))
+        random.Random(f"{MATCHED_SEED}/{key}").shuffle(order)
+        # rounding guards float error (k * w just under an integer): never more than available
+        take = min(len(examples), int(k * weights[key] + 1e-9))
+        out += [{**examples[i], "source": key} for i in sorted(order[:take])]
+    return out, sum(d for _, d in rendered.values())
+
+
+def realised_mix(examples: Records, names: dict[str, str]) -> dict[str, int]:
+    """Examples per teacher of a mix set (`names`: traces key -> teacher)."""
+    counts = {name: 0 for name in names.values()}
+    for e in examples:
+        counts[names[e["source"]]] += 1
+    return counts

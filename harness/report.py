@@ -42,6 +42,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _degraded(result),
         _delta_large(result),
         _regimes(result),
+        _budgets(result),
         _spread(result),
         _leaderboard(board),
         _formats(board),
@@ -456,6 +457,44 @@ def _story(d: dict[str, Any]) -> str:
         f"the other teacher: {spts(d['gain_' + ('small' if d['preferred'] == 'large' else 'large')])}): "
         "the stories disagree — neither teacher helps."
     )
+
+
+def _budgets(r: dict[str, Any]) -> str:
+    """Per adapter, the updates, examples and tokens it trained on: what `train.budget.align`
+    equalises, and the mix re-check (as configured against aligned) side by side."""
+    rows = r.get("adapter_budgets") or []
+    if not any(b["align"] != "none" or b["mix"] for b in rows):
+        return ""
+    table = [
+        [b["task"], b["student"], b["regime"], b["teacher"], b["seed"], b["updates"],
+         b["effective_batch"], b["examples"], b["tokens"],
+         ", ".join(f"{k} {v}" for k, v in b["mix"].items()) if b["mix"] else "",
+         pts(b["post_acc"]), spts(b["gain"])]
+        for b in rows
+    ]  # fmt: skip
+    header = ["task", "student", "regime", "teacher", "seed", "updates", "batch", "examples",
+              "tokens", "realised mix", "post", "gain"]  # fmt: skip
+    text = (
+        "## Training budgets\n\n`train.budget.align` trains each adapter for as many optimizer "
+        "updates as match its reference (a per_teacher set at the training's batch) in updates, "
+        "examples or tokens (within one batch); `none` trains each adapter's own config. A "
+        "comparison of regimes at different budgets compares budgets as much as data.\n\n"
+        + md_table(header, table)
+    )
+    ratios = []
+    for b in rows:
+        if b["regime"] != "mix":
+            continue
+        for a in rows:
+            same = (a["task"], a["student"], a["seed"]) == (b["task"], b["student"], b["seed"])
+            if same and a["regime"].startswith("mix@") and b["updates"]:
+                ratios.append(
+                    f"{b['student']} on {b['task']} (seed {b['seed']}): the mix as configured took "
+                    f"{b['updates']} updates, aligned to {a['regime'].split('@')[1]} "
+                    f"{a['updates']} (×{a['updates'] / b['updates']:.1f}); post "
+                    f"{pts(b['post_acc'])} against {pts(a['post_acc'])}."
+                )
+    return text + ("\n\n" + "\n".join(f"- {x}" for x in ratios) if ratios else "")
 
 
 def _regimes(r: dict[str, Any]) -> str:

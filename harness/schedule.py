@@ -237,9 +237,18 @@ class Schedule:
 
     def _skip(self, c: Cell) -> bool:
         empty = c.kind == "adapter" and empty_dataset(self.store, c.upstream[0])
+        # an aligned adapter's reference set (upstream[1]) gives it its budget: none if empty
+        no_budget = c.kind == "adapter" and any(
+            empty_dataset(self.store, u) for u in c.upstream[1:]
+        )
+        empty = empty or no_budget
         if not (empty or any(u in self.skipped for u in c.upstream)):
             return False
-        reason = "its teacher left no training examples" if empty else "its input was skipped"
+        reason = "its input was skipped"
+        if empty:
+            reason = "its teacher left no training examples"
+            if no_budget:
+                reason = "its budget's reference teacher left no training examples"
         self.emit(
             "skip",
             f"skipping {c.label}: {reason}" if empty else None,

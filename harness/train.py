@@ -101,12 +101,14 @@ def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[st
         for c, out in zip(cells, outs, strict=True):
             student = exp.model(c.student)
             examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+            budget = plan_budget(exp, store, c)
             job = {
                 "model_dir": str(Path(models.resolve(student)).resolve()),
                 "chat_template": student.chat_template,
                 "trust_remote_code": student.trust_remote_code,
                 "examples": str(examples.resolve()),
-                "train": c.config["train"],
+                "train": {**c.config["train"], "max_steps": budget["updates"], "epochs": None},
+                "budget": budget,
                 "seed": c.seed,
                 "merge": c.merge,
                 "label": c.label,
@@ -182,6 +184,73 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
         threads = max(1, (os.cpu_count() or 1) // cfg.num_processes)
         launch += ["--num_cpu_threads_per_process", str(threads)]
     return [*launch, *worker]
+
+
+# --- training budgets: counted from the datasets before training -------------------------------
+
+
+def plan_budget(exp: Experiment, store: Store, cell: Adapter) -> dict[str, Any]:
+    """The optimizer updates the adapter trains for and the examples and tokens they see, from its
+    dataset (and, when aligned, its reference's) before training: the data order is a function of
+    the seed (`micro_batches`), so the counts are exact. Aligned to `updates`, the cell trains the
+    reference's updates; to `examples` or `tokens`, the fewest updates that see at least as many
+    as the reference (they match it within one effective batch)."""
+    cfg = cell.train
+    lengths = _lengths(store, cell.upstream[0])
+    out: dict[str, Any] = {"align": cell.align}
+    if cell.align == "none":
+        steps = updates(cfg, len(lengths))
+    else:
+        ref_lengths = _lengths(store, cell.upstream[1])
+        ref_steps = updates(exp.train, len(ref_lengths))
+        ref_examples, ref_tokens = seen(ref_lengths, exp.train, cell.seed, ref_steps)
+        ref = {"examples": ref_examples, "tokens": ref_tokens}
+        out["reference"] = {"dataset": cell.upstream[1], "updates": ref_steps, **ref}
+        steps = _aligned_steps(cell.align, ref_steps, ref, lengths, cfg, cell.seed)
+    examples, tokens = seen(lengths, cfg, cell.seed, steps)
+    batch = cfg.per_device_batch_size * cfg.grad_accum * cfg.num_processes
+    return {
+        **out,
+        "updates": steps,
+        "effective_batch": batch,
+        "examples": examples,
+        "tokens": tokens,
+    }
+
+
+def updates(cfg: TrainConfig, n_examples: int) -> int:
+    """Optimizer updates of a training config on a set (max_steps, or epochs over the set)."""
+    size, ga, world = cfg.per_device_batch_size, cfg.grad_accum, cfg.num_processes
+    return cfg.max_steps or math.ceil(cfg.epochs * math.ceil(n_examples / size) / (ga * world))
+
+
+def seen(lengths: Sequence[int], cfg: TrainConfig, seed: int, steps: int) -> tuple[int, int]:
+    """Examples and tokens (prompt + completion + EOS) that `steps` updates see."""
+    if not lengths:
+        return 0, 0
+    batches = micro_batches(lengths, cfg.per_device_batch_size, cfg.group_by_length, seed)
+    taken = [next(batches) for _ in range(steps * cfg.grad_accum * cfg.num_processes)]
+    return sum(map(len, taken)), sum(lengths[i] for b in taken for i in b)
+
+
+def _aligned_steps(
+    align: str, ref_steps: int, ref: dict, lengths: list[int], cfg: TrainConfig, seed: int
+) -> int:
+    if align == "updates":
+        return ref_steps
+    per_step = cfg.grad_accum * cfg.num_processes
+    batches = micro_batches(lengths, cfg.per_device_batch_size, cfg.group_by_length, seed)
+    steps, got = 0, 0
+    while got < ref[align]:
+        step = [next(batches) for _ in range(per_step)]
+        got += sum(len(b) if align == "examples" else sum(lengths[i] for i in b) for b in step)
+        steps += 1
+    return max(steps, 1)
+
+
+def _lengths(store: Store, dataset_key: str) -> list[int]:
+    path = store.cell_dir("dataset", dataset_key) / "examples.jsonl"
+    return [e["n_tokens"] for e in read_jsonl(path)]
 
 
 # --- adapter cells: the worker ------------------------------------------------------------------
@@ -269,7 +338,7 @@ def _complete(cell_dir: Path, job: dict, summary: dict, started: float) -> None:
     cell = Store(job["cell"]["root"]).open_cell(
         "adapter", job["cell"]["key"], None, job["cell"]["upstream"]
     )
-    full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"]}
+    full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"], "budget": job.get("budget")}
     cell.finish(full, packages=TRAIN_PACKAGES, start=started, exclude=("checkpoints",))
     shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
 
