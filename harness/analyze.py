@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, regimes, scoring, stats
+from harness import answers, models, regimes, scoring, selection, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -91,6 +91,11 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
     result["adapter_budgets"] = adapter_budgets(store, board)
+    result["selection"] = [
+        {"task": d.task, "accuracies": d.accuracies, "spread": d.spread, "passed": d.passed,
+         "reason": d.reason, "split": d.split, "min_points": d.min_points}
+        for d in selection.decide(exp, grids.expand(exp), store).values()
+    ]  # fmt: skip
     result["eval_config"] = canonical(exp.evaluate)
     out = store.root / "analysis"
     # what a killed analysis left (the results-directory lock says no other one is running)

@@ -3,6 +3,7 @@
 A kind names an artefact, a stage the verb that computes it, a phase its position in a run:
 
     phase  stage     kind      what
+    0      evaluate  eval      task pre-selection: a teacher on a candidate task (with `select:`)
     1      generate  traces    a teacher's CoT samples on a task's train split
     2      evaluate  eval      a teacher or a student baseline on the test split (no adapter)
     3      train     dataset   the examples a regime selects from teacher traces
@@ -24,13 +25,14 @@ import functools
 from typing import Any, ClassVar, Literal
 
 from harness import answers, models, regimes
-from harness.config import Experiment, TrainConfig, canonical
+from harness.config import EvalConfig, Experiment, TrainConfig, canonical
 from harness.store import cell_key, package_versions, vllm_version
 
 KINDS = ("traces", "eval", "dataset", "adapter")
 STAGES = ("generate", "train", "evaluate")
 STAGE_OF_KIND = {"traces": "generate", "dataset": "train", "adapter": "train", "eval": "evaluate"}
 PHASES = {  # phase -> (stage, title)
+    0: ("evaluate", "task pre-selection"),  # only with `select:`
     1: ("generate", "teacher traces"),
     2: ("evaluate", "teacher and baseline evals"),
     3: ("train", "training sets"),
@@ -38,7 +40,7 @@ PHASES = {  # phase -> (stage, title)
     5: ("evaluate", "distilled evals"),
 }
 TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
-Role = Literal["teacher", "baseline", "distilled", "adhoc"]
+Role = Literal["teacher", "baseline", "distilled", "adhoc", "select"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # a cell is itself: compared and hashed by identity
@@ -116,7 +118,30 @@ class Eval(Cell):
 
     @property
     def phase(self) -> int:  # type: ignore[override]
+        if self.role == "select":
+            return 0
         return 5 if self.upstream else 2
+
+    def eval_config(self, exp: Experiment) -> EvalConfig:
+        """The eval config the cell is scored under: the experiment's, or the selection's."""
+        if self.role != "select":
+            return exp.evaluate
+        return EvalConfig.model_validate(self.config["evaluate"])
+
+    @classmethod
+    def selection(cls, exp: Experiment, ident: dict, teacher: str, task: str) -> Eval:
+        """A teacher on a candidate task for pre-selection (`exp.select`): its split, prompt
+        style and limit; the rest of the eval config is the experiment's."""
+        sel = exp.select
+        assert sel is not None
+        ev = exp.evaluate.model_copy(
+            update={"prompt_style": sel.prompt_style, "num_fewshot": sel.num_fewshot}
+        )
+        task_id = dict(task_identity(exp, task, sel.split))
+        task_id["limit"] = sel.limit or task_id["limit"]
+        config = {"model": ident, "adapter": None, "task": task_id, "evaluate": canonical(ev)}
+        key = cell_key("eval", config, (), engine_versions(exp.evaluate.engine))
+        return cls(key, config, (), teacher, task, role="select")
 
     @property
     def student(self) -> str | None:

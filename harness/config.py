@@ -252,6 +252,20 @@ class AnalysisConfig(Strict):
     )
 
 
+class SelectConfig(Strict):
+    """Task pre-selection (Li et al.): before any trace, every teacher is evaluated on each task
+    (`split`, few-shot CoT by default); a task goes on only when the teachers' accuracy spread
+    (max - min, in points) reaches `min_points`. Selecting on the test split reads the items the
+    study is scored on (a leak): train is the default, and test must be asked for."""
+
+    by: Literal["teacher_spread"] = "teacher_spread"
+    prompt_style: PromptStyle = "few_shot_cot"
+    num_fewshot: int = Field(0, ge=0, description="0 = every exemplar of the task's few-shot file")
+    min_points: float = Field(30.0, ge=0, le=100)
+    split: Literal["train", "test"] = "train"
+    limit: int | None = Field(None, gt=0, description="items per task (default: the split's limit)")
+
+
 class RayConfig(Strict):
     address: str | None = None
     max_retries: int = Field(2, ge=0)
@@ -270,6 +284,7 @@ class Experiment(Strict):
     train: TrainConfig
     evaluate: EvalConfig = EvalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    select: SelectConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

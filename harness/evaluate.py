@@ -138,8 +138,10 @@ def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str
 
 
 def _task_items(exp: Experiment, cell: Any) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+    """The cell's split (test; a select cell's `select.split`, train by default) and items."""
     task = tasks.load_task(cell.task)
-    items = tasks.load_items(task, "test", data_dir=exp.data_dir, limit=cell.limit)
+    split = cell.config["task"]["split"]
+    items = tasks.load_items(task, split, data_dir=exp.data_dir, limit=cell.limit)
     return task, items
 
 
@@ -154,7 +156,7 @@ def _evaluate_cell(
     session_id: str,
     chunk_seqs: int,
 ) -> dict[str, Any]:
-    ev = exp.evaluate
+    ev = cell.eval_config(exp)  # a select cell's prompt style differs from the experiment's
     sampling, extractor = Sampling.from_config(ev), cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:

@@ -7,7 +7,8 @@ one traces and one eval cell per teacher; one baseline eval per student, shared 
 per (student, regime, teacher) one dataset (the mix regime: one per student), and per seed and
 budget alignment (train.budget.align) an adapter and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
-row's cells, so the analysis reads the grid instead of rebuilding it.
+row's cells, so the analysis reads the grid instead of rebuilding it. With `select:`, each task
+first has one select eval per teacher (phase 0; harness/selection.py decides from them).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class Grid:
     distilled: dict[
         tuple[str, str, str, str, int], Distilled
     ]  # (task, student, teacher, regime, seed)
+    candidates: dict[tuple[str, str], Eval] = dataclasses.field(
+        default_factory=dict
+    )  # select cells
 
     def __iter__(self) -> Iterator[Cell]:
         return iter(self.cells)
@@ -76,7 +80,12 @@ def expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
     traces_of, teachers, baselines, distilled = {}, {}, {}, {}
+    select = {}
     for task in (t.name for t in exp.tasks):
+        if exp.select is not None:  # phase 0: the teachers on the candidate task
+            for t in exp.teachers:
+                select[task, t.name] = Eval.selection(exp, ids[t.name], t.name, task)
+                cells.append(select[task, t.name])
         traces = {t.name: Traces.of(exp, ids[t.name], t.name, task) for t in exp.teachers}
         cells.extend(traces.values())
         traces_of.update({(task, t): c for t, c in traces.items()})
@@ -102,7 +111,7 @@ def expand(exp: Experiment) -> Grid:
                             )
                             cells.extend((a, e))
                             distilled[row] = Distilled(e, a, d, base, traces.get(t))
-    return Grid(tuple(cells), traces_of, teachers, baselines, distilled)
+    return Grid(tuple(cells), traces_of, teachers, baselines, distilled, select)
 
 
 def _reference(

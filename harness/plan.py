@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from harness import grid as grids
-from harness import models, schedule, tasks
+from harness import models, schedule, selection, tasks
 from harness.cells import Cell, Eval
 from harness.config import Experiment
 from harness.errors import UserError
@@ -33,12 +33,23 @@ def run(
     they depend on, on the chosen executor; returns the computed cells by kind."""
     g = grids.expand(exp)
     wanted = g if wanted is None else wanted
-    sched = schedule.Schedule(g, wanted, store, options.only, schedule.Events(store, log))
+    events = schedule.Events(store, log)
+    sched = schedule.Schedule(
+        g, wanted, store, options.only, events, selection.gates(g), _decider(exp, g, store)
+    )
     if options.executor == "ray":
         from harness import ray_executor
 
         return ray_executor.run(exp, store, sched, address=options.address or exp.ray.address)
     return schedule.run_local(exp, store, sched)
+
+
+def _decider(exp: Experiment, g: grids.Grid, store: Store) -> Any:
+    def decide(task: str) -> tuple[bool | None, str]:
+        d = selection.decide(exp, g, store)[task]
+        return d.passed, d.reason
+
+    return decide
 
 
 def missing(store: Store, cells: Iterable[Cell]) -> list[Cell]:
@@ -136,9 +147,50 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
+    for line in selection_lines(exp, store, grid, todo):
+        console.print(line)
     for line in detectable_gains(exp, store, grid):
         console.print(line)
     return cells
+
+
+def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
+    """Per candidate task (`select:`): its teachers' accuracies, spread and decision, and the work
+    a gated task saves (its cells still to run, besides the select cells)."""
+    decisions = selection.decide(exp, grid, store)
+    if not decisions:
+        return []
+    sel = exp.select
+    lines = [
+        f"task pre-selection ({sel.by} >= {sel.min_points:g} pts, {sel.prompt_style}, "
+        f"{sel.split} split{': [red]a leak, the test items also score the students[/]' if sel.split == 'test' else ''}):"
+    ]
+    saved: list[Cell] = []
+    waiting = [t for t, d in decisions.items() if d.passed is None]
+    if waiting:
+        lines.append(
+            f"  undecided until their select cells run: {len(waiting)} task(s) "
+            f"({', '.join(waiting[:6])}{', …' if len(waiting) > 6 else ''})"
+        )
+    for task, d in decisions.items():
+        if d.passed is None:
+            continue
+        accs = ", ".join(
+            f"{t} {'?' if a is None else f'{100 * a:.1f}'}" for t, a in d.accuracies.items()
+        )
+        state = {None: "undecided", True: "goes on", False: "[yellow]gated[/]"}[d.passed]
+        lines.append(f"  {task}: {state} ({accs}): {d.reason}")
+        if d.passed is False:
+            gate = set(selection.gates(grid)[task])
+            saved += [c for c in todo if c.task == task and c.key not in gate]
+    if saved:
+        counts = {
+            k: sum(1 for c in saved if c.kind == k)
+            for k in ("traces", "dataset", "adapter", "eval")
+        }
+        work = ", ".join(f"{k} {v:,.0f}" for k, v in estimate(exp, saved).items())
+        lines.append(f"  gating saves {len(saved)} cells {counts}: {work}")
+    return lines
 
 
 # A baseline at 50% has the most discordant items, so assuming it where none is measured gives the

@@ -36,6 +36,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
     figures = plot_all(board, out, result)
     sections = [
         _header(exp, result),
+        _selection(result),
         _setup(result),
         _answers(result),
         _capacity_gap(result),
@@ -456,6 +457,35 @@ def _story(d: dict[str, Any]) -> str:
         head + f", but distilling from it does not beat the student's own baseline ({spts(gain)}; "
         f"the other teacher: {spts(d['gain_' + ('small' if d['preferred'] == 'large' else 'large')])}): "
         "the stories disagree — neither teacher helps."
+    )
+
+
+def _selection(r: dict[str, Any]) -> str:
+    """Every candidate task of `select:` with its teachers' accuracies, spread and decision."""
+    rows = r.get("selection") or []
+    if not rows:
+        return ""
+    decision = {True: "goes on", False: "gated", None: "undecided"}
+    table = [
+        [d["task"], ", ".join(f"{t} {pts(a)}" for t, a in d["accuracies"].items()),
+         "–" if d["spread"] is None else f"{d['spread']:.1f}", decision[d["passed"]], d["reason"]]
+        for d in rows
+    ]  # fmt: skip
+    split = rows[0]["split"]
+    leak = (
+        " **Selected on the test split: the items that score the students also chose the tasks "
+        "(a leak); the gains below are optimistic.**"
+        if split == "test"
+        else ""
+    )
+    gated = [d["task"] for d in rows if d["passed"] is False]
+    return (
+        "## Task pre-selection\n\nEvery teacher was evaluated on each candidate task's "
+        f"{split} split before any trace; a task went on when the teacher accuracy spread "
+        f"reached {rows[0]['min_points']:g} points.{leak} A gated task has no traces, training "
+        f"or evaluation cells (its rows are empty, and counted as not computed above)"
+        f"{': ' + ', '.join(gated) if gated else ''}.\n\n"
+        + md_table(["task", "teacher accuracy", "spread", "decision", "why"], table)
     )
 
 

@@ -9,7 +9,8 @@ module's local one and harness/ray_executor.py) drive the same ready loop:
 The work is the closure of the wanted cells over their missing inputs; `only` keeps the cells of
 some stages (a cell whose inputs are neither complete nor in the work is skipped, said once).
 Adapters of an empty training set (a teacher that solved nothing usable) and everything
-downstream of them are skipped with the reason. Locally, the ready groups of the lowest phase run
+downstream of them are skipped with the reason, and so is every cell of a task that pre-selection
+gates (`select:`; its select cells run first, in phase 0). Locally, the ready groups of the lowest phase run
 first, so the run goes phase by phase (harness/cells.py: PHASES) and cells of one model share an
 engine session; on Ray every ready group runs at once.
 
@@ -151,9 +152,20 @@ class Schedule:
         store: Store,
         only: frozenset[str] | None = None,
         events: Events | None = None,
+        gates: Mapping[str, tuple[str, ...]] | None = None,
+        decide: Callable[[str], tuple[bool | None, str]] | None = None,
     ) -> None:
+        """`gates`: per task, the select cells its other cells wait for; `decide(task)`: then
+        whether the task goes on, and why (harness/selection.py)."""
         self.store, self.emit = store, events or Events(store)
+        self.gates, self.decide = dict(gates or {}), decide
+        self._decided: dict[str, tuple[bool | None, str]] = {}
+        cells = list(cells)
         work = closure(cells, wanted, store)
+        if self.gates:  # a task's select cells are inputs of all its work, though not of its keys
+            tasks = {c.task for c in work}
+            select = {k for t in tasks for k in self.gates.get(t, ())}
+            work = closure(cells, [*work, *(c for c in cells if c.key in select)], store)
         if only:
             work = [c for c in work if c.stage in only]
             blocked: list[Cell] = []
@@ -229,13 +241,38 @@ class Schedule:
 
     def _inputs_ready(self, c: Cell) -> bool:
         """Every input is done, skipped, or not this run's work (complete already, or not asked
-        for); an input still pending or running is not ready."""
+        for); an input still pending or running is not ready. A gated task's select cells are
+        inputs of its other cells."""
+        gate = self.gates.get(c.task, ())
+        inputs = c.upstream if c.key in gate else (*c.upstream, *gate)
         return all(
             u in self.done or u in self.skipped or (u not in self.pending and u not in self.running)
-            for u in c.upstream
+            for u in inputs
         )
 
+    def _gated(self, c: Cell) -> str | None:
+        """Why `c` does not run when its task is gated (or not decided), else None."""
+        if c.task not in self.gates or c.key in self.gates[c.task] or self.decide is None:
+            return None
+        if c.task not in self._decided:
+            passed, why = self._decided[c.task] = self.decide(c.task)
+            self.emit(
+                "select",
+                f"task {c.task}: {'goes on' if passed else 'gated'}: {why}",
+                task=c.task,
+                passed=passed,
+                reason=why,
+            )
+        passed, why = self._decided[c.task]
+        return None if passed else f"task {c.task} is gated by pre-selection: {why}"
+
     def _skip(self, c: Cell) -> bool:
+        gated = self._gated(c)
+        if gated:
+            self.emit("skip", cell=c.key, kind=c.kind, reason=gated)
+            self.skipped.add(c.key)
+            self.pending.pop(c.key)
+            return True
         empty = c.kind == "adapter" and empty_dataset(self.store, c.upstream[0])
         # an aligned adapter's reference set (upstream[1]) gives it its budget: none if empty
         no_budget = c.kind == "adapter" and any(
