@@ -39,7 +39,8 @@ COLUMNS: dict[str, str] = {
     "task": "task name",
     "student": "student model (baseline and distilled rows)",
     "teacher": "teacher model (teacher and distilled rows)",
-    "regime": "training-set regime: per_teacher | intersection | matched (distilled rows)",
+    "regime": "training-set regime: per_teacher | intersection | matched | mix, with @align when "
+    "the budget is aligned (distilled rows)",
     "seed": "training seed (distilled rows)",
     "base_acc": "student's test accuracy without distillation, a fraction in [0, 1]",
     "post_acc": "distilled student's test accuracy, a fraction in [0, 1]",
