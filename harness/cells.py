@@ -20,8 +20,11 @@ version).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 from harness import answers, models, regimes
@@ -98,8 +101,8 @@ class Traces(Cell):
 
     @classmethod
     def of(cls, exp: Experiment, ident: dict, teacher: str, task: str) -> Traces:
-        config = {"model": ident, "task": task_identity(exp, task, "train")}
-        config["generate"] = canonical(exp.generate)
+        config = {"model": ident, "task": _task(exp, task, "train")}
+        config["generate"] = _shared(exp, ("generate",), lambda: canonical(exp.generate))
         key = cell_key("traces", config, (), engine_versions(exp.generate.engine))
         return cls(key, config, (), teacher, task)
 
@@ -162,8 +165,8 @@ class Eval(Cell):
         config = {
             "model": ident,
             "adapter": adapter.key if from_grid else adapter,
-            "task": task_identity(exp, task, "test"),
-            "evaluate": canonical(exp.evaluate),
+            "task": _task(exp, task, "test"),
+            "evaluate": _shared(exp, ("evaluate",), lambda: canonical(exp.evaluate)),
         }
         up = (adapter.key,) if from_grid else ()
         key = cell_key("eval", config, up, engine_versions(exp.evaluate.engine))
@@ -208,7 +211,7 @@ class Dataset(_Distilling):
         mixed = [keys[p.teacher] for p in exp.train.mix] if regime == "mix" else []
         own = None if regime == "mix" else keys[teacher]
         up = regimes.inputs(regime, own or "", list(keys.values()), mixed)
-        task_id = task_identity(exp, task, "train")
+        task_id = _task(exp, task, "train")
         config = {
             "student": ident,
             "task": task_id,
@@ -261,17 +264,9 @@ class Adapter(_Distilling):
         """`align` other than none: trains as many updates as match `reference` (a per_teacher
         dataset, `upstream[1]`) in updates, tokens or examples; the train stage computes them
         from both datasets before training. The reference's own adapter is left unaligned."""
-        tr = exp.train
-        settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
-        # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
-        # the key. (checkpoint_every predates this rule and stays in the key.)
-        settings.pop("checkpoint_seconds")
-        for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
-            settings.pop(name)
-        if not settings["merge"]:
-            settings.pop("merge")  # added after keys were published: left out at its old value
-        if dataset.regime == "mix" and tr.mix_batch:
-            settings.update(canonical(tr.mix_batch))
+        settings = _shared(
+            exp, ("train", dataset.regime == "mix"), lambda: _train_identity(exp, dataset)
+        )
         config = {"student": ident, "train": settings, "seed": seed}
         up: tuple[str, ...] = (dataset.key,)
         if align != "none" and reference is not None and reference.key != dataset.key:
@@ -280,6 +275,52 @@ class Adapter(_Distilling):
         key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
         d, regime = dataset, regimes.row_regime(dataset.regime, align)
         return cls(key, config, up, d.model, d.task, d.teacher, regime, seed)
+
+
+def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
+    """What of the training config an adapter's key holds (the same for every adapter of a grid,
+    but for the mix's own batch)."""
+    tr = exp.train
+    settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
+    # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
+    # the key. (checkpoint_every predates this rule and stays in the key.)
+    settings.pop("checkpoint_seconds")
+    for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
+        settings.pop(name)
+    if not settings["merge"]:
+        settings.pop("merge")  # added after keys were published: left out at its old value
+    if dataset.regime == "mix" and tr.mix_batch:
+        settings.update(canonical(tr.mix_batch))
+    return settings
+
+
+_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("cells_memo", default=None)
+
+
+@contextlib.contextmanager
+def shared_identities() -> Iterator[None]:
+    """Within it, what every cell of one experiment shares (task identities, the canonical
+    generate / evaluate / train settings) is computed once: a paper-scale grid builds ~20,000
+    cells, and hashing the experiment for an lru_cache lookup each time costs seconds."""
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _shared(exp: Experiment, key: tuple, make: Callable[[], Any]) -> Any:
+    memo = _MEMO.get()
+    if memo is None:
+        return make()
+    hit = memo.get((id(exp), *key))
+    if hit is None or hit[0] is not exp:  # the entry holds `exp`: its id is not reused meanwhile
+        hit = memo[(id(exp), *key)] = (exp, make())
+    return hit[1]
+
+
+def _task(exp: Experiment, name: str, split: str) -> dict[str, Any]:
+    return _shared(exp, ("task", name, split), lambda: task_identity(exp, name, split))
 
 
 def engine_versions(engine: str) -> dict[str, str]:

@@ -164,6 +164,9 @@ class Budget(Strict):
     reference: str | None = Field(
         None, description="a teacher's per_teacher set; default the first"
     )
+    regimes: tuple[Regime, ...] | None = Field(
+        None, description="the regimes aligned (default: every one); the others train as configured"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -16,8 +16,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from harness import models
-from harness.cells import Adapter, Cell, Dataset, Eval, Traces, model_identities, task_identity
+from harness import models, regimes
+from harness.cells import (
+    Adapter,
+    Cell,
+    Dataset,
+    Eval,
+    Traces,
+    model_identities,
+    shared_identities,
+    task_identity,
+)
 from harness.config import Experiment
 from harness.errors import UserError
 from harness.regimes import MIX_TEACHER
@@ -77,6 +86,11 @@ class Grid:
 
 def expand(exp: Experiment) -> Grid:
     """Every cell of the experiment's grid."""
+    with shared_identities():
+        return _expand(exp)
+
+
+def _expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
     traces_of, teachers, baselines, distilled = {}, {}, {}, {}
@@ -96,12 +110,19 @@ def expand(exp: Experiment) -> Grid:
             base = baselines[task, s.name] = Eval.of(exp, ids[s.name], s.name, task)
             cells.append(base)
             reference = _reference(exp, ids[s.name], s.name, task, traces, cells)
+            sets: dict[tuple[str, str], Dataset] = {}
             for align in exp.train.budget.align:
                 for regime in exp.train.regimes:
+                    if not regimes.aligned(exp.train, regime, align):
+                        continue
                     names = [MIX_TEACHER] if regime == "mix" else [t.name for t in exp.teachers]
                     for t in names:
-                        d = Dataset.of(exp, ids[s.name], s.name, t, task, regime, traces)
-                        cells.append(d)
+                        if (regime, t) not in sets:  # one set, whatever the budget
+                            d = sets[regime, t] = Dataset.of(
+                                exp, ids[s.name], s.name, t, task, regime, traces
+                            )
+                            cells.append(d)
+                        d = sets[regime, t]
                         for seed in exp.train.seeds:
                             a = Adapter.of(exp, ids[s.name], d, seed, align, reference)
                             row = (task, s.name, t, a.regime, seed)

@@ -55,9 +55,17 @@ def row_regime(regime: str, align: str) -> str:
     return regime if align == "none" else f"{regime}@{align}"
 
 
+def aligned(train: Any, regime: str, align: str) -> bool:
+    """Whether a regime has adapters under a budget alignment (`none`: every regime)."""
+    chosen = train.budget.regimes
+    return align == "none" or chosen is None or regime in chosen
+
+
 def row_regimes(train: Any) -> list[str]:
     """Every row regime of a training config, in report order."""
-    return [row_regime(r, a) for a in train.budget.align for r in train.regimes]
+    return [
+        row_regime(r, a) for a in train.budget.align for r in train.regimes if aligned(train, r, a)
+    ]
 
 
 def select(

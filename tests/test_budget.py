@@ -118,6 +118,18 @@ def test_grid_has_a_mix_row_and_an_aligned_row_per_regime(tmp_path):
     assert aligned.key != mix.adapter.key and mix.adapter.align == "none"
 
 
+def test_budget_regimes_choose_which_regimes_are_also_aligned(tmp_path):
+    exp = experiment(
+        tmp_path,
+        regimes=["per_teacher", "mix"],
+        mix=MIX,
+        budget={"align": ["none", "tokens"], "regimes": ["mix"]},
+    )
+    rows = {r for (_, _, _, r, _) in expand(exp).distilled}
+    assert rows == {"per_teacher", "mix", "mix@tokens"}
+    assert regimes.row_regimes(exp.train) == ["per_teacher", "mix", "mix@tokens"]
+
+
 def test_new_options_at_their_defaults_leave_keys_unchanged(tmp_path):
     plain = expand(experiment(tmp_path))
     explicit = expand(experiment(tmp_path, budget={"align": "none"}, mix_batch=None))
