@@ -130,6 +130,19 @@ def _setup(r: dict[str, Any]) -> str:
         f"accumulation × {c['num_processes']} process{'es' if c['num_processes'] != 1 else ''}), lr {c['lr']:g} ({c['schedule']}, warmup "
         f"{c['warmup_ratio']:g}), {method}, max length {c['max_length']}."
     )
+    special = []
+    if c.get("mix_batch"):
+        mb = c["mix_batch"]
+        special.append(
+            f"the mix trains at its own batch ({mb['per_device_batch_size']} per device × "
+            f"{mb['grad_accum']} accumulation)"
+        )
+    if [a for a in (c.get("budget") or {}).get("align", ["none"]) if a != "none"]:
+        special.append(
+            "aligned adapters (`regime@align`) train as many updates as match their reference"
+        )
+    if special:
+        text += f" Except: {'; '.join(special)} (see Training budgets)."
     if o["n_adapters"]:
         steps = o["steps"]
         same = "equal across adapters" if len(steps) == 1 else "different across adapters"

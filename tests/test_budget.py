@@ -13,7 +13,6 @@ from helpers import sandbox_grid
 
 from harness import regimes
 from harness.config import Experiment, TrainConfig
-from harness.errors import UserError
 from harness.grid import expand
 
 MIX = [{"teacher": "t-large", "weight": 1}, {"teacher": "t-small", "weight": 4}]
@@ -143,16 +142,6 @@ def test_reference_set_is_in_the_grid_without_per_teacher(tmp_path):
     ref_key = row.adapter.upstream[1]
     (ref,) = [c for c in grid.cells if c.key == ref_key]
     assert ref.kind == "dataset" and ref.regime == "per_teacher" and ref.teacher == "t-small"
-
-
-def test_mix_dataset_without_traces_cannot_build(tmp_path):
-    exp = experiment(tmp_path, regimes=["mix"], mix=MIX)
-    from harness.dataset import build
-    from harness.store import Store
-
-    (row,) = expand(exp).distilled.values()
-    with pytest.raises(UserError, match="not complete"):
-        build(exp, Store(tmp_path / "store"), row.dataset)
 
 
 # --- budget policies ------------------------------------------------------------------------------
