@@ -228,7 +228,7 @@ class Schedule:
             stage, title = PHASES[phase]
             self.emit(
                 "phase_done",
-                f"phase {phase}/{len(PHASES)} {stage}: {title}: {n} cell(s) done in {took:.1f} s",
+                f"phase {phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) done in {took:.1f} s",
                 phase=phase,
                 stage=stage,
                 cells=n,
@@ -304,7 +304,7 @@ class Schedule:
             n = sum(1 for c in self.pending.values() if c.phase == g.phase)
             self.emit(
                 "phase",
-                f"phase {g.phase}/{len(PHASES)} {stage}: {title}: {n} cell(s)",
+                f"phase {g.phase}/{max(PHASES)} {stage}: {title}: {n} cell(s)",
                 phase=g.phase,
                 stage=stage,
                 cells=n,
