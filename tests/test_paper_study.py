@@ -77,9 +77,10 @@ def test_the_study_twin_gates_a_task_and_rechecks_the_mix(tmp_path):
     # measured on this zoo: coin flip 35.0 vs 52.5 (17.5 pts), addition 0.0 vs 2.5 (2.5 pts)
     assert decided == {"sandbox_coin_flip": True, "sandbox_addition": False}
     traces = [
-        json.loads((d / "manifest.json").read_text()) for d in (root / "cells" / "traces").iterdir()
+        yaml.safe_load((d / "config.yaml").read_text())
+        for d in (root / "cells" / "traces").iterdir()
     ]
-    assert {t["config"]["task"]["name"] for t in traces} == {"sandbox_coin_flip"}
+    assert {t["task"]["name"] for t in traces} == {"sandbox_coin_flip"}  # none for the gated task
     with open(root / "analysis" / "leaderboard.csv") as f:
         board = [r for r in csv.DictReader(f) if r["row_type"] == "distilled" and r["post_acc"]]
     assert {r["task"] for r in board} == {"sandbox_coin_flip"}
