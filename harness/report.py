@@ -533,7 +533,7 @@ def _budgets(r: dict[str, Any]) -> str:
             if same and a["regime"].startswith("mix@") and b["updates"]:
                 ratios.append(
                     f"{b['student']} on {b['task']} (seed {b['seed']}): the mix as configured took "
-                    f"{b['updates']} updates, aligned to {a['regime'].split('@')[1]} "
+                    f"{b['updates']} update(s), aligned to {a['regime'].split('@')[1]} "
                     f"{a['updates']} (×{a['updates'] / b['updates']:.1f}); post "
                     f"{pts(b['post_acc'])} against {pts(a['post_acc'])}."
                 )
