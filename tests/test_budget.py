@@ -199,3 +199,43 @@ def test_seen_counts_what_the_worker_reads():
     stream = micro_batches(lengths, 3, True, 7)
     taken = [next(stream) for _ in range(8)]
     assert seen(lengths, cfg, 7, 4) == (24, sum(lengths[i] for b in taken for i in b))
+
+
+def test_the_train_stage_counts_each_adapters_budget_from_its_datasets(tmp_path):
+    """plan_budget on the grid's adapters, from dataset cells on disk (no training): the mix as
+    published (batch 20, one epoch) against aligned to the reference's updates (batch 2)."""
+    from harness.store import Store
+    from harness.train import plan_budget
+
+    exp = mix_experiment(
+        tmp_path,
+        align=("none", "updates", "examples", "tokens"),
+        epochs=1,
+        max_steps=None,
+        per_device_batch_size=2,
+    )
+    grid, store = expand(exp), Store(exp.root)
+    rng = random.Random(0)
+    sizes = {"t-small": 40, "t-large": 25, "mix": 50}
+    for d in {r.dataset.key: r.dataset for r in grid.distilled.values()}.values():
+        rows = [{"id": str(i), "n_tokens": rng.randint(30, 90)} for i in range(sizes[d.teacher])]
+        with store.open_cell("dataset", d.key, d.config, d.upstream) as out:
+            out.write_text(
+                "examples.jsonl",
+                "".join(f'{{"id": "{r["id"]}", "n_tokens": {r["n_tokens"]}}}\n' for r in rows),
+            )
+            out.finish({"n_examples": len(rows)})
+    plans = {
+        (t, r): plan_budget(exp, store, row.adapter)
+        for (_, _, t, r, _), row in grid.distilled.items()
+    }
+    assert plans["t-small", "per_teacher"]["updates"] == 20  # 40 examples / batch 2
+    assert plans["mix", "mix"] == {**plans["mix", "mix"], "updates": 3, "effective_batch": 20}
+    ref = plans["mix", "mix@updates"]["reference"]
+    assert ref["updates"] == 20 and ref["examples"] == 40
+    assert plans["mix", "mix@updates"]["updates"] == 20  # ~7x the mix as published
+    assert 40 <= plans["mix", "mix@examples"]["examples"] < 40 + 20
+    assert ref["tokens"] <= plans["mix", "mix@tokens"]["tokens"] < ref["tokens"] + 20 * 90
+    for align in ("updates", "examples", "tokens"):  # the reference set's own adapter: itself
+        assert plans["t-small", f"per_teacher@{align}"] == plans["t-small", "per_teacher"]
+    assert plans["t-large", "per_teacher@updates"]["updates"] == 20
