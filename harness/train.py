@@ -77,72 +77,93 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
             )
     shared = [c for c in todo if _single_process(c)]
     if shared:
-        done.update(_train_cells(exp, store, shared))
+        n = _workers(len(shared))
+        done.update(_train_cells(exp, store, [shared[i::n] for i in range(n)]))
     for c in todo:
         if c.key not in {s.key for s in shared}:
-            done.update(_train_cells(exp, store, [c]))
+            done.update(_train_cells(exp, store, [[c]]))
     return done
+
+
+def _workers(n_cells: int) -> int:
+    """Single-process workers training at once, each with cores/N intra-op threads: 1 unless
+    COTGAP_TRAIN_WORKERS=N says more. (Two one-thread workers may train small models faster than
+    one two-thread worker on a CPU; not measured on an idle machine yet, so not the default.)
+    Each cell's weights do not depend on its worker, only on its thread count."""
+    env = os.environ.get("COTGAP_TRAIN_WORKERS", "")
+    return min(int(env), n_cells) if env.isdigit() and int(env) > 0 else 1
 
 
 def _single_process(cell: Adapter) -> bool:
     return cell.train.num_processes == 1 and cell.train.accelerate_config is None
 
 
-def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
-    """Open the cells (their locks held throughout) and run one worker over them. The worker
-    completes each cell as soon as it is trained, so a kill loses at most the cell in training
-    (back to its last checkpoint); the first cell left incomplete is reported."""
-    cfg = cells[0].train
+def _train_cells(exp: Experiment, store: Store, groups: list[list[Adapter]]) -> dict[str, dict]:
+    """Open the cells (their locks held throughout) and run one worker per group, the groups at
+    once. A worker completes each cell as soon as it is trained, so a kill loses at most the cells
+    in training (back to their last checkpoints); the first cell left incomplete is reported."""
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
     with contextlib.ExitStack() as stack:
-        outs = [
-            stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
+        cells = [c for g in groups for c in g]
+        outs = {
+            c.key: stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
             for c in cells
-        ]
-        for c, out in zip(cells, outs, strict=True):
-            student = exp.model(c.student)
-            examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
-            job = {
-                "model_dir": str(Path(models.resolve(student)).resolve()),
-                "chat_template": student.chat_template,
-                "trust_remote_code": student.trust_remote_code,
-                "examples": str(examples.resolve()),
-                "train": c.config["train"],
-                "seed": c.seed,
-                "merge": c.merge,
-                "label": c.label,
-                "checkpoint_seconds": exp.train.checkpoint_seconds,
-                # what the worker needs to complete the cell through the store, as this process would
-                "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
-                "n_dropped_overlong": store.manifest("dataset", c.upstream[0])["summary"][
-                    "n_dropped_overlong"
-                ],
-            }
-            out.write_json("job.json", job)
+        }
+        for c in cells:
+            outs[c.key].write_json("job.json", _job(exp, store, c))
             # a killed run's summary is not this worker's (it writes its own before completing)
-            (out.dir / "summary.json").unlink(missing_ok=True)
-        rc = _run_worker(worker_command([o.dir.resolve() for o in outs], cfg))
+            (outs[c.key].dir / "summary.json").unlink(missing_ok=True)
+        commands = [
+            worker_command([outs[c.key].dir.resolve() for c in g], g[0].train) for g in groups
+        ]
+        rc = _run_workers(commands, threads if len(groups) > 1 else None)
         summaries = {}
-        for c, out in zip(cells, outs, strict=True):
+        for c in cells:
             manifest = store.manifest("adapter", c.key)
             if manifest is None:
                 raise UserError(
                     f"training of adapter cell {c.label} ({c.key}) stopped (worker exit code {rc}, "
                     f"its error is above); fix that and re-run to resume from "
-                    f"{out.dir / 'checkpoints'}."
+                    f"{outs[c.key].dir / 'checkpoints'}."
                 )
             summaries[c.key] = manifest["summary"]
     return summaries
 
 
-def _run_worker(cmd: list[str]) -> int:
-    """Run the worker; when this process is interrupted, stop it (SIGTERM, then SIGKILL) with its
-    own children (the ranks of `accelerate launch`), so nothing trains on after we are gone."""
-    proc = subprocess.Popen(cmd)
+def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
+    """What the worker needs to train one cell, and to complete it through the store."""
+    student = exp.model(c.student)
+    examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+    dataset = store.manifest("dataset", c.upstream[0])["summary"]
+    return {
+        "model_dir": str(Path(models.resolve(student)).resolve()),
+        "chat_template": student.chat_template,
+        "trust_remote_code": student.trust_remote_code,
+        "examples": str(examples.resolve()),
+        "train": c.config["train"],
+        "seed": c.seed,
+        "merge": c.merge,
+        "label": c.label,
+        "checkpoint_seconds": exp.train.checkpoint_seconds,
+        "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
+        "n_dropped_overlong": dataset["n_dropped_overlong"],
+    }
+
+
+def _run_workers(commands: list[list[str]], threads: int | None) -> int:
+    """Run the workers (with `threads` intra-op threads each, when given) and wait for all; the
+    first non-zero exit code, else 0. When this process is interrupted, stop them (SIGTERM, then
+    SIGKILL) with their own children (the ranks of `accelerate launch`), so nothing trains on
+    after we are gone."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    procs = [subprocess.Popen(cmd, env=env) for cmd in commands]
     try:
-        return proc.wait()
+        codes = [p.wait() for p in procs]
     except BaseException:
-        stop_tree(proc.pid)
+        for p in procs:
+            stop_tree(p.pid)
         raise
+    return next((rc for rc in codes if rc), 0)
 
 
 def stop_tree(pid: int, grace: float = 10.0) -> None:
