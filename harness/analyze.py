@@ -73,7 +73,7 @@ NAN = math.nan
 
 def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Path:
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
-    from harness import report
+    from harness import report, screening
 
     board, missing, rescored = leaderboard(exp, store)
     result = analyse(exp, board)
@@ -89,6 +89,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     tmp.mkdir(parents=True)
     try:
         atomic_write_text(tmp / "leaderboard.csv", board.to_csv(index=False))
+        result["screening"] = screening.write(tmp, exp, store, board)
         atomic_write_json(tmp / "analysis.json", jsonable(result))
         report.write(tmp, exp, board, result)
         _swap_in(tmp, out)

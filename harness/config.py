@@ -190,6 +190,19 @@ class AnalysisConfig(Strict):
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
 
 
+class ScreenConfig(Strict):
+    """Student-side screening of teacher traces (harness/screen.py): one forward pass of each
+    student over each training set, no training. Present: the grid has a screen cell per dataset."""
+
+    batch_size: int = Field(16, gt=0, description="examples per forward pass (not in any key)")
+    max_examples: int | None = Field(
+        None, gt=0, description="screen a seeded sample of this many examples (None: all of them)"
+    )
+    signal: Literal["rsr", "nll", "mean_rank", "top1", "top5"] = Field(
+        "rsr", description="the signal that ranks teachers (harness/screening.py: SIGNALS)"
+    )
+
+
 class RayConfig(Strict):
     address: str | None = None
     max_retries: int = Field(2, ge=0)
@@ -208,6 +221,7 @@ class Experiment(Strict):
     train: TrainConfig
     evaluate: EvalConfig = EvalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    screen: ScreenConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -4,7 +4,8 @@
 
 `expand(exp)` is pure: it reads model and task identities, never the store or a stage. Per task,
 one traces and one eval cell per teacher; one baseline eval per student, shared by every teacher;
-per (student, regime, teacher) one dataset, and per seed an adapter and its eval. A cell shared by
+per (student, regime, teacher) one dataset (with a `screen:` section, a screen cell of it), and per
+seed an adapter and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
 row's cells, so the analysis reads the grid instead of rebuilding it.
 """
@@ -15,7 +16,16 @@ import dataclasses
 from collections.abc import Iterator
 
 from harness import models
-from harness.cells import Adapter, Cell, Dataset, Eval, Traces, model_identities, task_identity
+from harness.cells import (
+    Adapter,
+    Cell,
+    Dataset,
+    Eval,
+    Screen,
+    Traces,
+    model_identities,
+    task_identity,
+)
 from harness.config import Experiment
 from harness.errors import UserError
 
@@ -42,6 +52,9 @@ class Grid:
     distilled: dict[
         tuple[str, str, str, str, int], Distilled
     ]  # (task, student, teacher, regime, seed)
+    screens: dict[tuple[str, str, str, str], Screen] = dataclasses.field(
+        default_factory=dict
+    )  # (task, student, teacher, regime); empty without a `screen:` section
 
     def __iter__(self) -> Iterator[Cell]:
         return iter(self.cells)
@@ -73,7 +86,7 @@ def expand(exp: Experiment) -> Grid:
     """Every cell of the experiment's grid."""
     ids = model_identities(exp)
     cells: list[Cell] = []
-    traces_of, teachers, baselines, distilled = {}, {}, {}, {}
+    traces_of, teachers, baselines, distilled, screens = {}, {}, {}, {}, {}
     for task in (t.name for t in exp.tasks):
         traces = {t.name: Traces.of(exp, ids[t.name], t.name, task) for t in exp.teachers}
         cells.extend(traces.values())
@@ -88,6 +101,10 @@ def expand(exp: Experiment) -> Grid:
                 for t in exp.teachers:
                     d = Dataset.of(exp, ids[s.name], s.name, t.name, task, regime, traces)
                     cells.append(d)
+                    if exp.screen is not None:
+                        screen = Screen.of(exp, ids[s.name], d)
+                        screens[task, s.name, t.name, regime] = screen
+                        cells.append(screen)
                     for seed in exp.train.seeds:
                         a = Adapter.of(exp, ids[s.name], d, seed)
                         names = {"teacher": t.name, "regime": regime, "seed": seed}
@@ -95,7 +112,7 @@ def expand(exp: Experiment) -> Grid:
                         cells.extend((a, e))
                         row = (task, s.name, t.name, regime, seed)
                         distilled[row] = Distilled(e, a, d, base, traces[t.name])
-    return Grid(tuple(cells), traces_of, teachers, baselines, distilled)
+    return Grid(tuple(cells), traces_of, teachers, baselines, distilled, screens)
 
 
 def check(exp: Experiment) -> list[str]:

@@ -37,6 +37,7 @@ STAGE_TABLE = {  # cell kind -> the stage function computing a group of its cell
     "traces": "harness.generate:run",
     "eval": "harness.evaluate:run",
     "dataset": "harness.dataset:run",
+    "screen": "harness.screen:run",
     "adapter": "harness.train:run",
 }
 StageFn = Callable[[Experiment, Store, list[Cell]], Any]
@@ -153,6 +154,7 @@ class Schedule:
         events: Events | None = None,
     ) -> None:
         self.store, self.emit = store, events or Events(store)
+        cells = list(cells)
         work = closure(cells, wanted, store)
         if only:
             work = [c for c in work if c.stage in only]
@@ -182,7 +184,8 @@ class Schedule:
         self.running: set[str] = set()
         self.done: set[str] = set()
         self.skipped: set[str] = set()
-        self.counts = {k: 0 for k in STAGE_OF_KIND}
+        kinds = {c.kind for c in cells}
+        self.counts = {k: 0 for k in STAGE_OF_KIND if k in kinds}  # the grid's kinds
         self._phase_began: dict[int, float] = {}
 
     def ready(self, lowest_phase: bool, share_workers: bool) -> list[Group]:
@@ -276,7 +279,8 @@ class Schedule:
 
 
 def _group(cells: list[Cell], share_workers: bool) -> list[Group]:
-    """Traces and eval cells of one model share an engine session; with `share_workers` (local
+    """Traces, eval and screen cells of one model share an engine session (a screen: one loaded
+    student); with `share_workers` (local
     runs) every adapter shares one training worker process (`train.run`). On Ray each adapter is
     a task of its own, so that adapters train in parallel. Order: phase, then first appearance."""
     groups: dict[tuple, list[Cell]] = {}
@@ -284,7 +288,7 @@ def _group(cells: list[Cell], share_workers: bool) -> list[Group]:
         if c.kind == "adapter":
             key = "all" if share_workers else c.key
         else:
-            key = c.model if c.kind in ("traces", "eval") else c.key
+            key = c.model if c.kind in ("traces", "eval", "screen") else c.key
         groups.setdefault((c.phase, c.kind, key), []).append(c)
     return [Group(kind, tuple(g)) for (_, kind, _), g in groups.items()]
 
