@@ -1,0 +1,235 @@
+"""Screen cells (harness/screen.py) and their analysis (harness/screening.py): the signals against
+an independent computation, the mask against training's, the cells in the grid and the store, and
+the validation statistics on hand-made numbers."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from harness import answers, grid, plan, screen, screening
+from harness.config import AnalysisConfig, ScreenConfig, load_experiment
+from harness.dataset import encode, load_tokenizer
+from harness.sandbox.random_model import random_llama
+from harness.store import Store, read_jsonl
+from harness.train import collate
+
+CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    d = random_llama(tmp_path_factory.mktemp("tiny") / "m", hidden=64, layers=2, seed=3)
+    model, _ = screen.load_model(str(d), False)
+    return model, load_tokenizer(str(d), chat_template=True)
+
+
+def _examples(tok) -> list[tuple[list[int], int]]:
+    pairs = [
+        ("What is 12+7?", "2+7=9, 1+0=1. The answer is 19."),
+        ("Flip a coin twice.", "Heads, then tails: the answer is no."),
+        ("Last letters of cat dog?", "t, g. The answer is tg."),
+        ("x", "y"),
+    ]
+    return [encode(tok, p, c, True) for p, c in pairs]
+
+
+def reference(model, ids: list[int], n_prompt: int) -> dict:
+    """Each example alone (no padding, no batch): log-softmax and a sort, by hand."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    nlls, ranks = [], []
+    for t in range(n_prompt, len(ids)):
+        row = logits[t - 1]
+        nlls.append(-float(torch.log_softmax(row, -1)[ids[t]]))
+        order = torch.argsort(row, descending=True).tolist()
+        ranks.append(order.index(ids[t]) + 1)
+    mean_rank = sum(ranks) / len(ranks)
+    nll = sum(nlls) / len(nlls)
+    return {
+        "n_tokens": len(ranks),
+        "nll": nll,
+        "mean_rank": mean_rank,
+        "median_rank": float(statistics.median(ranks)),
+        "rsr": mean_rank / nll,
+        "top1": sum(r == 1 for r in ranks) / len(ranks),
+        "top5": sum(r <= 5 for r in ranks) / len(ranks),
+    }
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_signals_equal_an_independent_computation(tiny: tuple, batch_size: int) -> None:
+    model, tok = tiny
+    data = _examples(tok)
+    got = screen.signals(model, data, batch_size, "cpu", tok.pad_token_id or tok.eos_token_id)
+    for (ids, n_prompt), row in zip(data, got, strict=True):
+        ref = reference(model, ids, n_prompt)
+        assert row["n_tokens"] == ref["n_tokens"]
+        for k in screen.SIGNALS:
+            assert row[k] == pytest.approx(ref[k], abs=1e-5, rel=1e-5), k
+    assert len({round(r["mean_rank"], 3) for r in got}) == len(got)  # nothing degenerate
+
+
+def test_the_screened_tokens_are_the_ones_training_puts_its_loss_on(tiny: tuple) -> None:
+    """Training's loss (train.collate's labels, train._step's cross-entropy) on one example is the
+    screen's NLL; the screen scores completion + EOS, not the prompt."""
+    model, tok = tiny
+    data = _examples(tok)
+    got = screen.signals(model, data, 4, "cpu", tok.eos_token_id)
+    for i, (ids, n_prompt) in enumerate(data):
+        b = collate(data, [i], tok.eos_token_id)
+        with torch.no_grad():
+            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        targets = F.pad(b["labels"][:, 1:], (0, 1), value=-100).flatten()
+        loss = F.cross_entropy(logits.flatten(0, 1).double(), targets)
+        assert got[i]["nll"] == pytest.approx(float(loss), abs=1e-5)
+        assert got[i]["n_tokens"] == int((targets != -100).sum()) == len(ids) - n_prompt
+        assert ids[-1] == tok.eos_token_id
+
+
+# --- the cells in the grid and in the store -------------------------------------------------------
+
+
+def test_a_screen_section_adds_one_screen_cell_per_dataset_and_changes_no_other_key() -> None:
+    exp = load_experiment(CONFIG)
+    plain = grid.expand(exp)
+    g = grid.expand(exp.model_copy(update={"screen": ScreenConfig()}))
+    assert [(c.kind, c.key) for c in g if c.kind != "screen"] == [(c.kind, c.key) for c in plain]
+    datasets = g.select(kind="dataset")
+    assert [s.upstream for s in g.screens.values()] == [(d.key,) for d in datasets]
+    assert all(s.phase == 4 and s.stage == "screen" for s in g.screens.values())
+    position = {c.key: i for i, c in enumerate(g.cells)}
+    for row, d in g.distilled.items():  # after its dataset, before its adapter
+        s = g.screens[row[:4]]
+        assert position[d.dataset.key] < position[s.key] < position[d.adapter.key]
+    # batch_size is a runtime choice; max_examples changes the output and is in the key, when set
+    other = grid.expand(exp.model_copy(update={"screen": ScreenConfig(batch_size=3)}))
+    assert [s.key for s in other.screens.values()] == [s.key for s in g.screens.values()]
+    sampled = grid.expand(exp.model_copy(update={"screen": ScreenConfig(max_examples=5)}))
+    s = next(iter(sampled.screens.values()))
+    assert s.config["max_examples"] == 5
+    assert "max_examples" not in next(iter(g.screens.values())).config
+    assert s.key not in {c.key for c in g}
+
+
+def _fake_traces(store: Store, cell, n: int) -> None:
+    """A traces cell written by hand: `n` questions, two correct samples each (coin flip)."""
+    extractor = cell.config["task"]["extractor"]
+    records = [
+        {
+            "id": f"q{i}",
+            "sample": s,
+            "prompt": f"A coin is heads up. Flip it {i} times. Is it heads up?",
+            "completion": f"{i} flips. The answer is {'yes' if i % 2 == 0 else 'no'}.",
+            "correct": True,
+            "finish_reason": "stop",
+        }
+        for i in range(n)
+        for s in range(2)
+    ]
+    with store.open_cell("traces", cell.key, cell.config) as out:
+        out.write_text("traces.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        version = answers.EXTRACTORS[extractor].version
+        out.finish({"yield": 1.0, "extractor": extractor, "extractor_version": version})
+
+
+def test_screen_cells_are_computed_from_the_dataset_cells_cached_and_resumed(
+    tmp_path: Path,
+) -> None:
+    exp = load_experiment(CONFIG).model_copy(
+        update={"results_dir": str(tmp_path), "screen": ScreenConfig(batch_size=4)}
+    )
+    g, store = grid.expand(exp), Store(exp.root)
+    for i, t in enumerate(g.traces.values()):
+        _fake_traces(store, t, 6 + 3 * i)
+    screens = list(g.screens.values())
+    counts = plan.run(exp, store, screens, log=lambda _: None)
+    assert counts["screen"] == len(screens) == 6 and counts["adapter"] == 0
+    for s in screens:
+        d = store.cell_dir("dataset", s.upstream[0])
+        examples = read_jsonl(d / "examples.jsonl")
+        rows = read_jsonl(store.cell_dir("screen", s.key) / "signals.jsonl")
+        assert [(r["id"], r["sample"]) for r in rows] == [(e["id"], e["sample"]) for e in examples]
+        assert [r["n_tokens"] for r in rows] == [e["n_completion_tokens"] for e in examples]
+        m = store.manifest("screen", s.key)
+        assert m["summary"]["n_examples"] == len(examples) and m["wall_s"] > 0
+        assert m["summary"]["nll"] == pytest.approx(np.mean([r["nll"] for r in rows]))
+        assert m["summary"]["teacher_train_acc"] == 1.0 and m["summary"]["n_tokens"] > 0
+    assert sum(plan.run(exp, store, screens, log=lambda _: None).values()) == 0
+    killed = store.cell_dir("screen", screens[2].key)
+    before = (killed / "signals.jsonl").read_bytes()
+    (killed / "manifest.json").unlink()  # as a kill before the manifest leaves it
+    counts = plan.run(exp, store, screens, log=lambda _: None)
+    assert counts["screen"] == 1 and (killed / "signals.jsonl").read_bytes() == before
+    tbl = screening.table(exp, store)
+    assert len(tbl) == 6 and tbl["screen_rank"].notna().all() and tbl["gain"].isna().all()
+
+
+def test_screen_max_examples_screens_a_seeded_sample() -> None:
+    records = [{"id": i} for i in range(10)]
+    assert screen.sample(records, None) == records and screen.sample(records, 20) == records
+    picked = screen.sample(records, 4)
+    assert len(picked) == 4 and picked == screen.sample(records, 4)
+    assert [r["id"] for r in picked] == sorted(r["id"] for r in picked)
+
+
+# --- the validation statistics --------------------------------------------------------------------
+
+
+def _table(gains: dict, rsr: dict, train_s: float = 10.0) -> pd.DataFrame:
+    rows = []
+    for (student, teacher), gain in gains.items():
+        rows.append(
+            {
+                "task": "t",
+                "student": student,
+                "teacher": teacher,
+                "regime": "per_teacher",
+                **{k: 1.0 for k in screening.SIGNALS},
+                "rsr": rsr[student, teacher],
+                "teacher_acc": 0.5,
+                "teacher_train_acc": 0.5,
+                "n_examples": 10,
+                "gain": gain,
+                "train_s": train_s,
+            }
+        )
+    tbl = pd.DataFrame(rows)
+    tbl["screen_rank"] = screening._rank(tbl, "rsr")
+    return tbl
+
+
+def test_validation_on_hand_made_numbers() -> None:
+    # student a: rsr orders the teachers exactly as the gain (lower rsr, more gain);
+    # student b: exactly backwards
+    gains = {("a", "x"): 0.3, ("a", "y"): 0.2, ("a", "z"): 0.1}
+    gains |= {("b", "x"): 0.3, ("b", "y"): 0.2, ("b", "z"): 0.1}
+    rsr = {("a", "x"): 1.0, ("a", "y"): 2.0, ("a", "z"): 3.0}
+    rsr |= {("b", "x"): 3.0, ("b", "y"): 2.0, ("b", "z"): 1.0}
+    v = screening.validate(_table(gains, rsr), AnalysisConfig(bootstrap_samples=200), "rsr")
+    corr = v["correlation"]["rsr"]
+    assert corr["per_group"] == pytest.approx([1.0, -1.0]) and corr["mean"] == pytest.approx(0)
+    assert corr["ci_low"] == pytest.approx(-1) and corr["ci_high"] == pytest.approx(1)
+    assert v["correlation"]["nll"]["n"] == 0  # constant within each group: undefined
+    assert v["top1"]["rsr"] == {"n": 2, "hit_rate": 0.5, "chance": pytest.approx(1 / 3)}
+    assert v["top1"]["nll"]["hit_rate"] == pytest.approx(1 / 3)  # a three-way tie splits the hit
+    k1, k2 = v["top_k"]
+    assert k1["k"] == 1 and k1["time_saved"] == pytest.approx(2 / 3)
+    assert k1["gain_lost_mean"] == pytest.approx(0.1) and k1["gain_lost_max"] == pytest.approx(0.2)
+    assert k1["groups_with_loss"] == 1
+    assert k2["gain_lost_max"] == pytest.approx(0.1) and k2["time_saved"] == pytest.approx(1 / 3)
+    assert [g["screen_first"] for g in v["per_group"]] == ["x", "z"]
+
+
+def test_validation_needs_measured_gains() -> None:
+    gains = {("a", "x"): np.nan, ("a", "y"): np.nan}
+    rsr = {("a", "x"): 1.0, ("a", "y"): 2.0}
+    assert screening.validate(_table(gains, rsr), AnalysisConfig(), "rsr") is None
+    assert screening.section(None) == ""
