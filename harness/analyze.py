@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, stats, tasks
+from harness import answers, models, screening, stats, tasks
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -60,6 +60,7 @@ COLUMNS: dict[str, str] = {
     "adapter_key": "adapter cell of a distilled row",
     "traces_key": "traces cell of the row's teacher on this task",
     "baseline_key": "baseline eval cell of the row's student on this task",
+    "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
 _DTYPES = {
     "seed": "Int64",
@@ -73,7 +74,7 @@ NAN = math.nan
 
 def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Path:
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
-    from harness import report, screening
+    from harness import report
 
     board, missing, rescored = leaderboard(exp, store)
     result = analyse(exp, board)
@@ -262,6 +263,7 @@ def leaderboard(
                     row = _distilled_row(exp.analysis, reader, d)
                     rows.append({**_teacher_columns(teachers[task, teacher]), **row})
     board = pd.DataFrame(rows)
+    board["screened_out"] = board["adapter_key"].map(screening.screened_out(grid, store))
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)

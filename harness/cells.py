@@ -46,6 +46,15 @@ PHASES = {  # phase -> (stage, title)
     6: ("evaluate", "distilled evals"),
 }
 SCREEN_VERSION = 1  # bump when a signal's definition (harness/screen.py) changes
+SCREEN_SIGNALS = ("nll", "mean_rank", "median_rank", "rsr", "top1", "top5")  # harness/screen.py
+SCREEN_DIRECTION = {  # +1: a higher value predicts more gain; fixed before any result was seen
+    "nll": -1,
+    "mean_rank": -1,
+    "median_rank": -1,
+    "rsr": -1,  # arXiv 2601.14249: low rank for surprising tokens
+    "top1": 1,
+    "top5": 1,
+}
 TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
 Role = Literal["teacher", "baseline", "distilled", "adhoc"]
 
@@ -254,6 +263,9 @@ class Adapter(_Distilling):
         # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
         # the key. (checkpoint_every predates this rule and stays in the key.)
         settings.pop("checkpoint_seconds")
+        # which teachers are trained is the grid's choice, not the adapter's: out of the key
+        settings.pop("teachers_per_student")
+        settings.pop("top_k")
         if not settings["merge"]:
             settings.pop("merge")  # added after keys were published: left out at its old value
         config = {"student": ident, "train": settings, "seed": seed}

@@ -148,6 +148,10 @@ class TrainConfig(Strict):
     merge: bool = Field(
         False, description="also save the LoRA merged into the student (merged/); part of the key"
     )
+    teachers_per_student: Literal["all", "top_k"] = Field(
+        "all", description="top_k: screen first, train only the top_k best-screened teachers"
+    )
+    top_k: int = Field(1, gt=0, description="teachers trained per group with top_k")
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
@@ -156,6 +160,8 @@ class TrainConfig(Strict):
     def _one_budget(self) -> TrainConfig:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of max_steps or epochs (the training budget)")
+        if self.teachers_per_student == "all" and "top_k" in self.model_fields_set:
+            raise ValueError("top_k is used only with teachers_per_student: top_k")
         return self
 
 

@@ -13,10 +13,12 @@ row's cells, so the analysis reads the grid instead of rebuilding it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 from harness import models
 from harness.cells import (
+    SCREEN_DIRECTION,
     Adapter,
     Cell,
     Dataset,
@@ -26,7 +28,7 @@ from harness.cells import (
     model_identities,
     task_identity,
 )
-from harness.config import Experiment
+from harness.config import Experiment, ScreenConfig
 from harness.errors import UserError
 
 
@@ -39,6 +41,39 @@ class Distilled:
     dataset: Dataset
     baseline: Eval
     traces: Traces
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """`train.teachers_per_student: top_k`: an adapter is trained only if its dataset's screen
+    (`screen`) is among the `k` best by `signal` of its (task, student, regime) group (`group`,
+    every teacher's screen key in grid order). The scheduler waits for the group's screens and
+    skips the others' adapters with the reason; expansion stays pure."""
+
+    screen: str
+    group: tuple[str, ...]
+    k: int
+    signal: str
+
+    def chosen(self, summaries: dict[str, dict]) -> list[str]:
+        """The group's screens in screened order, best first (ties: grid order); `summaries` are
+        the screen cells' manifest summaries by key. An unscreenable set (no examples) is last."""
+
+        def score(key: str) -> float:
+            value = summaries[key].get(self.signal)
+            if value is None or value != value or not summaries[key].get("n_examples"):
+                return -math.inf
+            return SCREEN_DIRECTION[self.signal] * value
+
+        return sorted(self.group, key=lambda key: -score(key))
+
+    def reason(self, summaries: dict[str, dict]) -> str | None:
+        """Why the adapter is not trained, or None when it is among the k best."""
+        order = self.chosen(summaries)
+        if self.screen in order[: self.k]:
+            return None
+        rank = order.index(self.screen) + 1
+        return f"screened out: {self.signal} rank {rank} of {len(order)}, top {self.k} trained"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +90,7 @@ class Grid:
     screens: dict[tuple[str, str, str, str], Screen] = dataclasses.field(
         default_factory=dict
     )  # (task, student, teacher, regime); empty without a `screen:` section
+    gates: dict[str, Gate] = dataclasses.field(default_factory=dict)  # adapter key -> its gate
 
     def __iter__(self) -> Iterator[Cell]:
         return iter(self.cells)
@@ -87,6 +123,9 @@ def expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
     traces_of, teachers, baselines, distilled, screens = {}, {}, {}, {}, {}
+    top_k = exp.train.teachers_per_student == "top_k"
+    screening = exp.screen is not None or top_k
+    signal = (exp.screen or ScreenConfig()).signal
     for task in (t.name for t in exp.tasks):
         traces = {t.name: Traces.of(exp, ids[t.name], t.name, task) for t in exp.teachers}
         cells.extend(traces.values())
@@ -101,7 +140,7 @@ def expand(exp: Experiment) -> Grid:
                 for t in exp.teachers:
                     d = Dataset.of(exp, ids[s.name], s.name, t.name, task, regime, traces)
                     cells.append(d)
-                    if exp.screen is not None:
+                    if screening:
                         screen = Screen.of(exp, ids[s.name], d)
                         screens[task, s.name, t.name, regime] = screen
                         cells.append(screen)
@@ -112,7 +151,15 @@ def expand(exp: Experiment) -> Grid:
                         cells.extend((a, e))
                         row = (task, s.name, t.name, regime, seed)
                         distilled[row] = Distilled(e, a, d, base, traces[t.name])
-    return Grid(tuple(cells), traces_of, teachers, baselines, distilled, screens)
+    gates = {}
+    if top_k:
+        for (task, student, teacher, regime, _), d in distilled.items():
+            group = tuple(
+                c.key for (t, s, _, r), c in screens.items() if (t, s, r) == (task, student, regime)
+            )
+            mine = screens[task, student, teacher, regime].key
+            gates[d.adapter.key] = Gate(mine, group, exp.train.top_k, signal)
+    return Grid(tuple(cells), traces_of, teachers, baselines, distilled, screens, gates)
 
 
 def check(exp: Experiment) -> list[str]:

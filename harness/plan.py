@@ -32,7 +32,8 @@ def run(
     they depend on, on the chosen executor; returns the computed cells by kind."""
     g = grids.expand(exp)
     wanted = g if wanted is None else wanted
-    sched = schedule.Schedule(g, wanted, store, options.only, schedule.Events(store, log))
+    events = schedule.Events(store, log)
+    sched = schedule.Schedule(g, wanted, store, options.only, events, g.gates)
     if options.executor == "ray":
         from harness import ray_executor
 

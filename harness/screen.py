@@ -33,7 +33,7 @@ import torch
 import yaml
 
 from harness import models
-from harness.cells import Screen
+from harness.cells import SCREEN_SIGNALS, Screen
 from harness.config import Experiment, ScreenConfig
 from harness.dataset import encode, load_tokenizer
 from harness.errors import UserError
@@ -41,7 +41,7 @@ from harness.store import Store, read_jsonl
 from harness.train import collate
 
 SAMPLE_SEED = 0
-SIGNALS = ("nll", "mean_rank", "median_rank", "rsr", "top1", "top5")
+SIGNALS = SCREEN_SIGNALS
 
 
 def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:

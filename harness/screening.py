@@ -23,21 +23,12 @@ import numpy as np
 import pandas as pd
 
 from harness import grid as grids
+from harness.cells import SCREEN_DIRECTION, SCREEN_SIGNALS
 from harness.config import AnalysisConfig, Experiment, ScreenConfig
 from harness.store import Store, atomic_write_text
 
-SIGNALS = ("nll", "mean_rank", "median_rank", "rsr", "top1", "top5")  # harness/screen.py
-DIRECTION = {  # +1: higher predicts more gain
-    "nll": -1,
-    "mean_rank": -1,
-    "median_rank": -1,
-    "rsr": -1,
-    "top1": 1,
-    "top5": 1,
-    "teacher_acc": 1,
-    "teacher_train_acc": 1,
-    "n_examples": 1,
-}
+SIGNALS = SCREEN_SIGNALS
+DIRECTION = {**SCREEN_DIRECTION, "teacher_acc": 1, "teacher_train_acc": 1, "n_examples": 1}
 GROUP = ["task", "student", "regime"]
 COLUMNS = [
     *GROUP[:2],
@@ -54,6 +45,7 @@ COLUMNS = [
     "gain_rank",
     "train_s",
     "screen_s",
+    "screened_out",
     "screen_key",
 ]
 
@@ -69,7 +61,7 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
     leaderboard) the measured gain and the teacher's test accuracy where they exist."""
     exp = screened(exp)
     g = grids.expand(exp)
-    rows = []
+    rows, skipped = [], screened_out(g, store)
     for (task, student, teacher, regime), cell in g.screens.items():
         m = store.manifest("screen", cell.key)
         if m is None:
@@ -90,6 +82,7 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
                 **{k: s[k] for k in (*SIGNALS, "n_examples", "n_tokens", "teacher_train_acc")},
                 "train_s": sum(train_s) if train_s and None not in train_s else np.nan,
                 "screen_s": m["wall_s"],
+                "screened_out": next((skipped[k] for k in adapters if k in skipped), None),
                 "screen_key": cell.key,
             }
         )
@@ -117,6 +110,19 @@ def _join_board(tbl: pd.DataFrame, board: pd.DataFrame | None) -> pd.DataFrame:
 def _rank(tbl: pd.DataFrame, signal: str) -> pd.Series:
     score = DIRECTION[signal] * tbl[signal].astype(float)
     return score.groupby([tbl[c] for c in GROUP]).rank(ascending=False, method="min")
+
+
+def screened_out(g: grids.Grid, store: Store) -> dict[str, str]:
+    """Adapter key -> why it is not trained (its gate's reason), for the gated adapters whose
+    group is screened: the scheduler's decision, made again from the same screen cells."""
+    out = {}
+    for key, gate in g.gates.items():
+        manifests = {k: store.manifest("screen", k) for k in gate.group}
+        if all(manifests.values()):
+            reason = gate.reason({k: m["summary"] for k, m in manifests.items()})
+            if reason:
+                out[key] = reason
+    return out
 
 
 # --- validation ----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import answers, grid, plan, screen, screening
+from harness import answers, grid, plan, schedule, screen, screening
 from harness.config import AnalysisConfig, ScreenConfig, load_experiment
 from harness.dataset import encode, load_tokenizer
 from harness.sandbox.random_model import random_llama
@@ -233,3 +233,68 @@ def test_validation_needs_measured_gains() -> None:
     rsr = {("a", "x"): 1.0, ("a", "y"): 2.0}
     assert screening.validate(_table(gains, rsr), AnalysisConfig(), "rsr") is None
     assert screening.section(None) == ""
+
+
+# --- train.teachers_per_student: top_k --------------------------------------------------------------
+
+
+class ScreenedStages(dict):
+    """A fake stage table (no engine, no training): screens record an rsr that makes t-large the
+    better teacher except in the matched regime; the adapter stage can die after `die_after`."""
+
+    def __init__(self, die_after: int | None = None) -> None:
+        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        self.trained: list[str] = []
+        self.die_after = die_after
+
+    def _stage(self, exp, store: Store, cells: list) -> None:
+        for c in cells:
+            summary = {"n_examples": 5}
+            if c.kind == "screen":
+                better = (c.teacher == "t-large") != (c.regime == "matched")
+                summary = {"n_examples": 5, "rsr": 1.0 if better else 2.0}
+            if c.kind == "adapter":
+                if self.die_after is not None and len(self.trained) == self.die_after:
+                    raise KeyboardInterrupt  # killed mid-group
+                self.trained.append(c.key)
+            with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
+                out.finish(summary)
+
+
+def test_top_k_trains_exactly_k_teachers_per_group_and_resumes_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    exp = load_experiment(CONFIG)
+    train = exp.train.model_copy(update={"teachers_per_student": "top_k", "top_k": 1})
+    exp = exp.model_copy(update={"results_dir": str(tmp_path), "train": train})
+    g, store = grid.expand(exp), Store(exp.root)
+    assert len(g.screens) == 6 and len(g.gates) == 6  # screens without a screen: section
+    plain = grid.expand(load_experiment(CONFIG))
+    assert [c.key for c in g.select(kind="adapter")] == [
+        c.key for c in plain.select(kind="adapter")
+    ]
+    want = {
+        d.adapter.key
+        for (_, _, teacher, regime, _), d in g.distilled.items()
+        if (teacher == "t-large") != (regime == "matched")
+    }
+    first = ScreenedStages(die_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        schedule.run_local(exp, store, schedule.Schedule(g, g, store, gates=g.gates), first)
+    assert len(first.trained) == 1 and set(first.trained) <= want
+    again = ScreenedStages()
+    sched = schedule.Schedule(g, g, store, gates=g.gates)
+    counts = schedule.run_local(exp, store, sched, again)
+    assert set(first.trained) | set(again.trained) == want and len(again.trained) == 2
+    assert counts["screen"] == 0 and counts["adapter"] == 2
+    adapters = g.select(kind="adapter")
+    assert {a.key for a in adapters if store.complete("adapter", a.key)} == want
+    skips = [e for e in schedule.read_events(store) if e["event"] == "skip"]
+    out = {e["cell"]: e["reason"] for e in skips if e["kind"] == "adapter"}
+    assert set(out) == {a.key for a in adapters} - want
+    assert all(r == "screened out: rsr rank 2 of 2, top 1 trained" for r in out.values())
+    assert sum(e["kind"] == "eval" for e in skips) == 3  # their distilled evals
+    assert screening.screened_out(g, store) == out  # what the leaderboard marks
+    for (task, student, _, regime, _), _d in g.distilled.items():  # exactly k a group
+        group = [a for a in adapters if (a.task, a.student, a.regime) == (task, student, regime)]
+        assert sum(a.key in want for a in group) == 1
