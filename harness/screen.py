@@ -15,8 +15,9 @@ Per example (`signals.jsonl`), over the completion tokens and the EOS (training'
                are not clipped here.
   top1, top5   share of the tokens that are the student's first choice / among its first five
 With `screen.max_examples: N`, a seeded sample of N examples is screened (in the key when set).
-The cell's summary holds their means over the examples, the dataset's size, the teacher's train
-yield, and the cost (wall time, tokens scored, tokens per second).
+The cell's summary holds their means over the examples, the dataset's size (`n_examples`; the
+examples screened: `n_screened`), the teacher's train yield, and the cost (wall time, tokens
+scored, tokens per second).
 """
 
 from __future__ import annotations
@@ -84,7 +85,8 @@ def screen_cell(
     ds_dir = store.cell_dir("dataset", cell.upstream[0])
     with store.open_cell("screen", cell.key, cell.config, cell.upstream) as out:
         began = time.perf_counter()
-        records = sample(read_jsonl(ds_dir / "examples.jsonl"), cell.config.get("max_examples"))
+        every = read_jsonl(ds_dir / "examples.jsonl")
+        records = sample(every, cell.config.get("max_examples"))
         data = [encode(tok, r["prompt"], r["completion"], chat) for r in records]
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         rows = signals(model, data, batch_size, device, pad)
@@ -94,7 +96,8 @@ def screen_cell(
         n_tokens = sum(r["n_tokens"] for r in rows)
         summary = {
             **{s: _mean([r[s] for r in rows]) for s in SIGNALS},
-            "n_examples": len(rows),
+            "n_examples": len(every),  # the teacher's data count
+            "n_screened": len(rows),
             "n_tokens": n_tokens,
             "teacher_train_acc": traces.get("summary", {}).get("yield"),
             "device": device,
@@ -119,7 +122,7 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def signals(
     model: Any, data: list[tuple[list[int], int]], batch_size: int, device: str, pad_id: int
 ) -> list[dict[str, Any]]:

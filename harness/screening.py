@@ -30,14 +30,13 @@ from harness.store import Store, atomic_write_text
 SIGNALS = SCREEN_SIGNALS
 DIRECTION = {**SCREEN_DIRECTION, "teacher_acc": 1, "teacher_train_acc": 1, "n_examples": 1}
 GROUP = ["task", "student", "regime"]
+COUNTS = ("n_examples", "n_screened", "n_tokens", "teacher_train_acc")
 COLUMNS = [
     *GROUP[:2],
     "teacher",
     "regime",
     *SIGNALS,
-    "n_examples",
-    "n_tokens",
-    "teacher_train_acc",
+    *COUNTS,
     "teacher_acc",
     "screen_signal",
     "screen_rank",
@@ -79,7 +78,7 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
                 "student": student,
                 "teacher": teacher,
                 "regime": regime,
-                **{k: s[k] for k in (*SIGNALS, "n_examples", "n_tokens", "teacher_train_acc")},
+                **{k: s[k] for k in (*SIGNALS, *COUNTS)},
                 "train_s": sum(train_s) if train_s and None not in train_s else np.nan,
                 "screen_s": m["wall_s"],
                 "screened_out": next((skipped[k] for k in adapters if k in skipped), None),

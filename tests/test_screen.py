@@ -159,7 +159,8 @@ def test_screen_cells_are_computed_from_the_dataset_cells_cached_and_resumed(
         assert [(r["id"], r["sample"]) for r in rows] == [(e["id"], e["sample"]) for e in examples]
         assert [r["n_tokens"] for r in rows] == [e["n_completion_tokens"] for e in examples]
         m = store.manifest("screen", s.key)
-        assert m["summary"]["n_examples"] == len(examples) and m["wall_s"] > 0
+        assert m["summary"]["n_examples"] == m["summary"]["n_screened"] == len(examples)
+        assert m["wall_s"] > 0
         assert m["summary"]["nll"] == pytest.approx(np.mean([r["nll"] for r in rows]))
         assert m["summary"]["teacher_train_acc"] == 1.0 and m["summary"]["n_tokens"] > 0
     assert sum(plan.run(exp, store, screens, log=lambda _: None).values()) == 0
