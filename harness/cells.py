@@ -266,6 +266,8 @@ class Adapter(_Distilling):
         # which teachers are trained is the grid's choice, not the adapter's: out of the key
         settings.pop("teachers_per_student")
         settings.pop("top_k")
+        settings.pop("filter_by")  # in the dataset's key (regimes.key_fields), when set
+        settings.pop("filter_drop")
         if not settings["merge"]:
             settings.pop("merge")  # added after keys were published: left out at its old value
         config = {"student": ident, "train": settings, "seed": seed}

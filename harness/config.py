@@ -152,6 +152,12 @@ class TrainConfig(Strict):
         "all", description="top_k: screen first, train only the top_k best-screened teachers"
     )
     top_k: int = Field(1, gt=0, description="teachers trained per group with top_k")
+    filter_by: Literal["nll", "mean_rank", "rsr"] | None = Field(
+        None, description="drop the least learnable examples by this student-side signal"
+    )
+    filter_drop: float = Field(
+        0.0, ge=0, lt=1, description="with filter_by: the share of each training set dropped"
+    )
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
@@ -162,6 +168,8 @@ class TrainConfig(Strict):
             raise ValueError("set exactly one of max_steps or epochs (the training budget)")
         if self.teachers_per_student == "all" and "top_k" in self.model_fields_set:
             raise ValueError("top_k is used only with teachers_per_student: top_k")
+        if (self.filter_by is None) != (self.filter_drop == 0):
+            raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
         return self
 
 

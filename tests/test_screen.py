@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import answers, grid, plan, schedule, screen, screening
-from harness.config import AnalysisConfig, ScreenConfig, load_experiment
+from harness import answers, grid, plan, regimes, schedule, screen, screening
+from harness.config import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
 from harness.dataset import encode, load_tokenizer
 from harness.sandbox.random_model import random_llama
 from harness.store import Store, read_jsonl
@@ -299,3 +299,47 @@ def test_top_k_trains_exactly_k_teachers_per_group_and_resumes_after_a_kill(
     for (task, student, _, regime, _), _d in g.distilled.items():  # exactly k a group
         group = [a for a in adapters if (a.task, a.student, a.regime) == (task, student, regime)]
         assert sum(a.key in want for a in group) == 1
+
+
+# --- per-item filtering ---------------------------------------------------------------------------
+
+
+def test_filter_worst_drops_the_lowest_scores_in_order() -> None:
+    examples = [{"i": i} for i in range(6)]
+    kept = regimes.filter_worst(examples, [5, 1, 4, 1, 3, 6], 0.5)
+    assert [e["i"] for e in kept] == [0, 2, 5]  # 1 and 3 (tied lowest), then 4
+    assert regimes.filter_worst(examples, [0] * 6, 0.1) == examples  # int(0.6) = 0 dropped
+
+
+def test_filtering_drops_the_examples_the_screen_finds_least_learnable(tmp_path: Path) -> None:
+    base = load_experiment(CONFIG).model_copy(
+        update={"results_dir": str(tmp_path), "screen": ScreenConfig()}
+    )
+    g, store = grid.expand(base), Store(base.root)
+    for t in g.traces.values():
+        _fake_traces(store, t, 10)
+    row = ("sandbox_coin_flip", "stu", "t-large", "per_teacher")
+    plan.run(base, store, [g.screens[row]], log=lambda _: None)
+    train = base.train.model_copy(update={"filter_by": "nll", "filter_drop": 0.25})
+    filt = base.model_copy(update={"train": train})
+    fg = grid.expand(filt)
+    d, plain = fg.distilled[(*row, 0)].dataset, g.distilled[(*row, 0)].dataset
+    assert d.config["filter"] == {"by": "nll", "drop": 0.25} and "filter" not in plain.config
+    assert d.key != plain.key and "filter_by" not in str(fg.distilled[(*row, 0)].adapter.config)
+    plan.run(filt, store, [d], log=lambda _: None)
+    every = read_jsonl(store.cell_dir("dataset", plain.key) / "examples.jsonl")
+    kept = read_jsonl(store.cell_dir("dataset", d.key) / "examples.jsonl")
+    nll = [
+        r["nll"] for r in read_jsonl(store.cell_dir("screen", g.screens[row].key) / "signals.jsonl")
+    ]
+    n_drop = int(len(every) * 0.25)
+    worst = set(sorted(range(len(every)), key=lambda i: (-nll[i], -i))[:n_drop])
+    assert kept == [e for i, e in enumerate(every) if i not in worst] and n_drop > 0
+    assert store.manifest("dataset", d.key)["summary"]["n_filtered"] == n_drop
+
+
+def test_filter_options_come_together() -> None:
+    with pytest.raises(ValueError, match="filter_by and filter_drop"):
+        TrainConfig(max_steps=1, filter_by="nll")
+    with pytest.raises(ValueError, match="top_k is used only"):
+        TrainConfig(max_steps=1, top_k=2)
