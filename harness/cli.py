@@ -409,9 +409,8 @@ def screen(
     from harness.store import Store
 
     exp = screening.screened(_load(config))
-    for name in (student,):
-        if name is not None:
-            exp.model(name)
+    if student is not None:
+        exp.model(student)
     if task is not None:
         exp.task(task)
     store = Store(exp.root)

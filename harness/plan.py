@@ -99,7 +99,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     from rich.table import Table
 
     from harness import progress
-    from harness.cells import PHASES
+    from harness.cells import KINDS, PHASES
 
     cells = sorted(grids.expand(exp).unique(), key=lambda c: c.phase)
     todo = missing(store, cells)
@@ -127,9 +127,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
             row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
             table.add_row(*row, _needs(exp, group[0]))
     console.print(table)
-    counts = {
-        k: sum(1 for c in todo if c.kind == k) for k in ("traces", "dataset", "adapter", "eval")
-    }
+    kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
+    counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
