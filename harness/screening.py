@@ -6,7 +6,8 @@ ranking they predict, and, where distilled results exist for the same rows, how 
 
 Validation, within each (task, student, regime) group of teachers with a measured gain (mean over
 seeds): Spearman's rho of each signal (signed so that higher predicts more gain) with the gain, its
-mean over groups with a percentile bootstrap CI over groups; the top-1 hit rate (the screen's first
+mean over groups with a percentile bootstrap CI over groups and one over test items (the noise of
+the measured gains; per group too); the top-1 hit rate (the screen's first
 choice is a teacher with the best measured gain) against the chance rate (best teachers / teachers);
 and the "screen, then train only the top k" policy: the share of adapter training time saved and the
 gain lost (best measured gain minus the best gain among the k trained). The directions are fixed
@@ -16,6 +17,7 @@ teacher accuracy, train yield and data count are shown as the naive predictors t
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -127,18 +129,29 @@ def screened_out(g: grids.Grid, store: Store) -> dict[str, str]:
 # --- validation ----------------------------------------------------------------------------------
 
 
-def validate(tbl: pd.DataFrame, a: AnalysisConfig, signal: str) -> dict[str, Any] | None:
-    """How well each signal predicted the measured gains (module docstring); None without gains."""
+def validate(
+    tbl: pd.DataFrame,
+    a: AnalysisConfig,
+    signal: str,
+    posts: dict[tuple, dict[Any, float]] | None = None,
+) -> dict[str, Any] | None:
+    """How well each signal predicted the measured gains (module docstring); None without gains.
+    `posts`: each row's (task, student, teacher, regime) test-item correctness (mean over seeds),
+    for CIs that resample test items; without it only the CI over groups is given."""
     groups = [g for _, g in tbl.groupby(GROUP, sort=False) if g["gain"].notna().sum() >= 2]
     groups = [g[g["gain"].notna()] for g in groups]
     if not groups:
         return None
     predictors = [*SIGNALS, "teacher_acc", "teacher_train_acc", "n_examples"]
+    correlation = {p: _correlation(groups, p, a) for p in predictors}
+    if posts:
+        for p in predictors:
+            correlation[p].update(_item_bootstrap(groups, p, a, posts))
     return {
         "signal": signal,
         "n_groups": len(groups),
         "n_rows": int(sum(len(g) for g in groups)),
-        "correlation": {p: _correlation(groups, p, a) for p in predictors},
+        "correlation": correlation,
         "top1": {p: _top1(groups, p) for p in predictors},
         "top_k": _top_k(groups, signal),
         "per_group": [_group_row(g, signal) for g in groups],
@@ -170,6 +183,50 @@ def _correlation(groups: list[pd.DataFrame], predictor: str, a: AnalysisConfig) 
         out.update(mean=float(r.mean()), ci_low=float(np.percentile(boot, tail)))
         out["ci_high"] = float(np.percentile(boot, 100 - tail))
     return out
+
+
+def _item_bootstrap(
+    groups: list[pd.DataFrame],
+    predictor: str,
+    a: AnalysisConfig,
+    posts: dict[tuple, dict[Any, float]],
+) -> dict[str, Any]:
+    """CIs of rho that resample the test items (the noise of the measured gains): within a group
+    the baseline is common, so the gains rank as the distilled accuracies on the resampled items.
+    Per group, and of the mean over groups (a resample where rho is undefined is left out)."""
+    from scipy import stats
+
+    rng, tail = np.random.default_rng(a.seed), 100 * (1 - a.ci) / 2
+    per_group, boots = [], []
+    for g in groups:
+        rows = [tuple(r) for r in g[["task", "student", "teacher", "regime"]].to_numpy()]
+        items = sorted(set.intersection(*(set(posts.get(r, {})) for r in rows)), key=str)
+        score = _score(g, predictor)
+        if not items or np.isnan(score).any() or np.ptp(score) == 0:
+            per_group.append([np.nan, np.nan])
+            boots.append(np.full(a.bootstrap_samples, np.nan))
+            continue
+        acc = np.array([[posts[r][i] for i in items] for r in rows])  # teachers x items
+        idx = rng.integers(0, len(items), size=(a.bootstrap_samples, len(items)))
+        means = acc[:, idx].mean(2)  # teachers x samples
+        x = stats.rankdata(score) - (len(score) + 1) / 2
+        y = stats.rankdata(means, axis=0)
+        y = y - y.mean(0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rho = (x @ y) / np.sqrt((x @ x) * (y * y).sum(0))  # Spearman: Pearson of the ranks
+        boots.append(rho)
+        per_group.append(_percentiles(rho, tail))
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a sample where no group has a rho
+        mean = np.nanmean(np.array(boots), axis=0)
+    return {"per_group_item_ci": per_group, "item_ci": _percentiles(mean, tail)}
+
+
+def _percentiles(x: np.ndarray, tail: float) -> list[float]:
+    x = x[~np.isnan(x)]
+    if not x.size:
+        return [np.nan, np.nan]
+    return [float(np.percentile(x, tail)), float(np.percentile(x, 100 - tail))]
 
 
 def _top1(groups: list[pd.DataFrame], predictor: str) -> dict[str, Any]:
@@ -248,10 +305,29 @@ def write(out: Path, exp: Experiment, store: Store, board: pd.DataFrame | None) 
         return None
     atomic_write_text(out / "screen.csv", tbl.to_csv(index=False))
     result = {"rows": len(tbl), "cost": cost(tbl, store)}
-    result["validation"] = validate(tbl, exp.analysis, screened(exp).screen.signal)
+    signal = screened(exp).screen.signal
+    result["validation"] = validate(tbl, exp.analysis, signal, _posts(exp, store, board))
     if result["validation"]:
         result["plot"] = plot(tbl, out / "screen_vs_gain.png", result["validation"]["signal"]).name
     return result
+
+
+def _posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict:
+    """(task, student, teacher, regime) -> test item -> correct, the mean over seeds, from the
+    distilled rows' eval cells (read as the leaderboard reads them)."""
+    from harness import analyze
+
+    if board is None or board.empty:
+        return {}
+    reader, out = analyze._Reader(store, exp.data_dir), {}
+    dist = board[board["row_type"] == "distilled"]
+    for row, g in dist.groupby(["task", "student", "teacher", "regime"], sort=False):
+        evals = [reader.eval(k) for k in g["eval_key"]]
+        evals = [e.correct for e in evals if e is not None]
+        if evals:
+            items = set.intersection(*(set(e) for e in evals))
+            out[row] = {i: float(np.mean([e[i] for e in evals])) for i in items}
+    return out
 
 
 def plot(tbl: pd.DataFrame, path: Path, signal: str) -> Path:
@@ -300,17 +376,23 @@ def section(result: dict | None) -> str:
     lines += [
         "",
         f"Over {v['n_groups']} (task, student, regime) groups ({v['n_rows']} rows); rho signed "
-        "so that > 0 means the predicted direction held; CI: bootstrap over groups.",
+        "so that > 0 means the predicted direction held; CIs: percentile bootstrap over groups, "
+        "and over test items (each group's items resampled; the mean over the groups where a "
+        "resample defines rho).",
         "",
-        "| predictor | mean Spearman rho [CI] | groups | top-1 hit rate | chance |",
-        "|---|---|---|---|---|",
+        "| predictor | mean Spearman rho [CI over groups] | [CI over test items] | groups "
+        "| top-1 hit rate | chance |",
+        "|---|---|---|---|---|---|",
     ]
     for p, corr in v["correlation"].items():
         t = v["top1"][p]
-        rho = "n/a (constant or tied)"
+        rho, items = "n/a (constant or tied)", "n/a"
         if corr["n"]:
             rho = f"{corr['mean']:+.2f} [{corr['ci_low']:+.2f}, {corr['ci_high']:+.2f}]"
-        lines.append(f"| {p} | {rho} | {corr['n']} | {_pct(t['hit_rate'])} | {_pct(t['chance'])} |")
+        if corr.get("item_ci") and not np.isnan(corr["item_ci"][0]):
+            items = "[{:+.2f}, {:+.2f}]".format(*corr["item_ci"])
+        hits = f"{_pct(t['hit_rate'])} | {_pct(t['chance'])}"
+        lines.append(f"| {p} | {rho} | {items} | {corr['n']} | {hits} |")
     lines += [
         "",
         f"Screen with `{v['signal']}`, then train only the top k teachers per group:",

@@ -343,3 +343,28 @@ def test_filter_options_come_together() -> None:
         TrainConfig(max_steps=1, filter_by="nll")
     with pytest.raises(ValueError, match="top_k is used only"):
         TrainConfig(max_steps=1, top_k=2)
+
+
+def test_the_item_bootstrap_equals_a_loop_of_scipy_spearman() -> None:
+    from scipy import stats
+
+    gains = {("a", "x"): 0.3, ("a", "y"): 0.2, ("a", "z"): 0.1}
+    rsr = {("a", "x"): 1.0, ("a", "y"): 2.0, ("a", "z"): 3.0}
+    tbl = _table(gains, rsr)
+    rng = np.random.default_rng(7)
+    posts = {
+        ("t", "a", t, "per_teacher"): {i: float(rng.random() < p) for i in range(40)}
+        for t, p in (("x", 0.7), ("y", 0.6), ("z", 0.5))
+    }
+    a = AnalysisConfig(bootstrap_samples=300, seed=3)
+    got = screening._item_bootstrap([tbl], "rsr", a, posts)
+    acc = np.array([[posts["t", "a", t, "per_teacher"][i] for i in range(40)] for t in "xyz"])
+    idx = np.random.default_rng(3).integers(0, 40, size=(300, 40))
+    rhos = []
+    for sample in idx:
+        means = acc[:, sample].mean(1)
+        if np.ptp(means) > 0:
+            rhos.append(stats.spearmanr(-np.array([1.0, 2.0, 3.0]), means).statistic)
+    want = [np.percentile(rhos, 2.5), np.percentile(rhos, 97.5)]
+    assert got["per_group_item_ci"][0] == pytest.approx(want)
+    assert got["item_ci"] == pytest.approx(want)  # one group: the mean is that group's rho
