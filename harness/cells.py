@@ -54,6 +54,7 @@ SCREEN_DIRECTION = {  # +1: a higher value predicts more gain; fixed before any 
     "rsr": -1,  # arXiv 2601.14249: low rank for surprising tokens
     "top1": 1,
     "top5": 1,
+    "local_nll": -1,  # arXiv 2510.03988: high local naturalness (log-probability) is better
 }
 TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
 Role = Literal["teacher", "baseline", "distilled", "adhoc"]
@@ -228,9 +229,11 @@ class Screen(_Distilling):
     def of(cls, exp: Experiment, ident: dict, dataset: Dataset) -> Screen:
         # float32 on every device, so that a screen's numbers do not depend on the machine
         config = {"student": ident, "version": SCREEN_VERSION, "dtype": "float32"}
-        max_examples = (exp.screen or ScreenConfig()).max_examples
-        if max_examples is not None:
-            config["max_examples"] = max_examples
+        screen = exp.screen or ScreenConfig()
+        if screen.max_examples is not None:
+            config["max_examples"] = screen.max_examples
+        if screen.local_window:
+            config["local_window"] = screen.local_window
         up = (dataset.key,)
         key = cell_key("screen", config, up, package_versions(("torch", "transformers")))
         d = dataset

@@ -212,9 +212,18 @@ class ScreenConfig(Strict):
     max_examples: int | None = Field(
         None, gt=0, description="screen a seeded sample of this many examples (None: all of them)"
     )
-    signal: Literal["rsr", "nll", "mean_rank", "top1", "top5"] = Field(
+    local_window: int = Field(
+        0, ge=0, description="local naturalness: score each step after this many steps (0: off)"
+    )
+    signal: Literal["rsr", "nll", "mean_rank", "top1", "top5", "local_nll"] = Field(
         "rsr", description="the signal that ranks teachers (harness/screening.py: SIGNALS)"
     )
+
+    @model_validator(mode="after")
+    def _local(self) -> ScreenConfig:
+        if self.signal == "local_nll" and not self.local_window:
+            raise ValueError("signal: local_nll needs local_window > 0")
+        return self
 
 
 class RayConfig(Strict):

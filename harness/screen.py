@@ -15,6 +15,10 @@ Per example (`signals.jsonl`), over the completion tokens and the EOS (training'
                are not clipped here.
   top1, top5   share of the tokens that are the student's first choice / among its first five
 With `screen.max_examples: N`, a seeded sample of N examples is screened (in the key when set).
+With `screen.local_window: W`, also
+  local_nll    local naturalness (arXiv 2510.03988, as we read it; negated): each reasoning step's
+               (sentence or line) mean NLL given only the prompt and the W steps before it,
+               averaged over the trace's steps. One more forward pass per step.
 The cell's summary holds their means over the examples, the dataset's size (`n_examples`; the
 examples screened: `n_screened`), the teacher's train yield, and the cost (wall time, tokens
 scored, tokens per second).
@@ -26,6 +30,7 @@ import gc
 import json
 import math
 import random
+import re
 import time
 from typing import Any
 
@@ -43,6 +48,7 @@ from harness.train import collate
 
 SAMPLE_SEED = 0
 SIGNALS = SCREEN_SIGNALS
+STEP = re.compile(r".*?(?:[.!?](?=\s|$)|\n|$)\s*", re.S)  # a sentence or a line, with its spaces
 
 
 def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:
@@ -90,12 +96,16 @@ def screen_cell(
         data = [encode(tok, r["prompt"], r["completion"], chat) for r in records]
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         rows = signals(model, data, batch_size, device, pad)
+        if cell.config.get("local_window"):
+            window = cell.config["local_window"]
+            local = local_nll(model, tok, records, chat, window, batch_size, device, pad)
+            rows = [{**row, "local_nll": v} for row, v in zip(rows, local, strict=True)]
         seconds = time.perf_counter() - began
         teacher_traces = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]
         traces = store.manifest("traces", teacher_traces) or {}
         n_tokens = sum(r["n_tokens"] for r in rows)
         summary = {
-            **{s: _mean([r[s] for r in rows]) for s in SIGNALS},
+            **{s: _mean([r[s] for r in rows]) for s in SIGNALS if not rows or s in rows[0]},
             "n_examples": len(every),  # the teacher's data count
             "n_screened": len(rows),
             "n_tokens": n_tokens,
@@ -109,6 +119,46 @@ def screen_cell(
         out.write_text("signals.jsonl", text)
         out.finish(summary, packages=("torch", "transformers"))
     return summary
+
+
+def steps(completion: str) -> list[str]:
+    """A completion cut into its reasoning steps: sentences (a `.`, `!` or `?` before a space or
+    the end; not the point of 3.5) and lines, each with the spaces after it; they join back to it."""
+    return [m for m in STEP.findall(completion) if m]
+
+
+def local_nll(
+    model: Any,
+    tok: Any,
+    records: list[dict],
+    chat: bool,
+    window: int,
+    batch_size: int,
+    device: str,
+    pad: int,
+) -> list[float]:
+    """Local naturalness, as we read arXiv 2510.03988 (negated, so lower is better like `nll`): each
+    step's mean NLL given only the prompt and the `window` steps before it, averaged over the steps
+    of a trace. Steps are tokenized one by one (exact for a character tokenizer; at step borders a
+    BPE tokenizer may split a word differently than in the whole completion)."""
+    data, owner = [], []
+    for n, r in enumerate(records):
+        ids, n_prompt = encode(tok, r["prompt"], "", chat)
+        prompt = ids[:n_prompt]
+        parts = steps(r["completion"])
+        for i, step in enumerate(parts):
+            context = tok("".join(parts[max(0, i - window) : i]), add_special_tokens=False)
+            target = tok(step, add_special_tokens=False)["input_ids"]
+            if i == len(parts) - 1:
+                target = [*target, tok.eos_token_id]
+            head = [*prompt, *context["input_ids"]]
+            data.append(([*head, *target], len(head)))
+            owner.append(n)
+    per_step = signals(model, data, batch_size, device, pad)
+    out: list[list[float]] = [[] for _ in records]
+    for n, row in zip(owner, per_step, strict=True):
+        out[n].append(row["nll"])
+    return [_mean(v) for v in out]
 
 
 def sample(records: list[dict], k: int | None) -> list[dict]:

@@ -29,7 +29,7 @@ from harness.cells import SCREEN_DIRECTION, SCREEN_SIGNALS
 from harness.config import AnalysisConfig, Experiment, ScreenConfig
 from harness.store import Store, atomic_write_text
 
-SIGNALS = SCREEN_SIGNALS
+SIGNALS = (*SCREEN_SIGNALS, "local_nll")  # local_nll: with screen.local_window only
 DIRECTION = {**SCREEN_DIRECTION, "teacher_acc": 1, "teacher_train_acc": 1, "n_examples": 1}
 GROUP = ["task", "student", "regime"]
 COUNTS = ("n_examples", "n_screened", "n_tokens", "teacher_train_acc")
@@ -80,7 +80,8 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
                 "student": student,
                 "teacher": teacher,
                 "regime": regime,
-                **{k: s[k] for k in (*SIGNALS, *COUNTS)},
+                **{k: s.get(k, np.nan) for k in SIGNALS},
+                **{k: s[k] for k in COUNTS},
                 "train_s": sum(train_s) if train_s and None not in train_s else np.nan,
                 "screen_s": m["wall_s"],
                 "screened_out": next((skipped[k] for k in adapters if k in skipped), None),

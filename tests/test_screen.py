@@ -368,3 +368,47 @@ def test_the_item_bootstrap_equals_a_loop_of_scipy_spearman() -> None:
     want = [np.percentile(rhos, 2.5), np.percentile(rhos, 97.5)]
     assert got["per_group_item_ci"][0] == pytest.approx(want)
     assert got["item_ci"] == pytest.approx(want)  # one group: the mean is that group's rho
+
+
+# --- local naturalness ------------------------------------------------------------------------------
+
+
+def test_steps_are_sentences_and_lines_that_join_back() -> None:
+    text = "9+1=10, 8+0+1=9. Carry 1.\nIt is 3.5 now! The answer is 90."
+    parts = screen.steps(text)
+    assert parts == ["9+1=10, 8+0+1=9. ", "Carry 1.\n", "It is 3.5 now! ", "The answer is 90."]
+    assert "".join(parts) == text and screen.steps("no stop") == ["no stop"]
+
+
+def test_local_nll_equals_each_step_scored_alone_after_its_window(tiny: tuple) -> None:
+    model, tok = tiny
+    records = [
+        {"prompt": "What is 12+7?", "completion": "2+7=9. 1+0=1. Carry none.\nThe answer is 19."},
+        {"prompt": "Flip?", "completion": "Heads. The answer is yes."},
+    ]
+    got = screen.local_nll(model, tok, records, True, 1, 3, "cpu", tok.eos_token_id)
+    for r, value in zip(records, got, strict=True):
+        prompt_ids, n_prompt = encode(tok, r["prompt"], "", True)
+        parts = screen.steps(r["completion"])
+        step_nlls = []
+        for i, step in enumerate(parts):
+            before = parts[i - 1] if i else ""
+            head = prompt_ids[:n_prompt] + tok(before, add_special_tokens=False)["input_ids"]
+            target = tok(step, add_special_tokens=False)["input_ids"]
+            target += [tok.eos_token_id] if i == len(parts) - 1 else []
+            ids = torch.tensor([head + target])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), -1)
+            nll = [-float(logp[len(head) + j - 1, t]) for j, t in enumerate(target)]
+            step_nlls.append(sum(nll) / len(nll))
+        assert value == pytest.approx(sum(step_nlls) / len(step_nlls), abs=1e-5)
+
+
+def test_local_window_is_in_the_screen_key_when_set() -> None:
+    exp = load_experiment(CONFIG)
+    off = grid.expand(exp.model_copy(update={"screen": ScreenConfig()}))
+    on = grid.expand(exp.model_copy(update={"screen": ScreenConfig(local_window=2)}))
+    a, b = next(iter(off.screens.values())), next(iter(on.screens.values()))
+    assert "local_window" not in a.config and b.config["local_window"] == 2 and a.key != b.key
+    with pytest.raises(ValueError, match="local_window"):
+        ScreenConfig(signal="local_nll")
