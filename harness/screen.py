@@ -104,8 +104,9 @@ def screen_cell(
         teacher_traces = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]
         traces = store.manifest("traces", teacher_traces) or {}
         n_tokens = sum(r["n_tokens"] for r in rows)
+        names = [k for k in (rows[0] if rows else SIGNALS) if k != "n_tokens"]  # + local_nll
         summary = {
-            **{s: _mean([r[s] for r in rows]) for s in SIGNALS if not rows or s in rows[0]},
+            **{s: _mean([r[s] for r in rows]) for s in names},
             "n_examples": len(every),  # the teacher's data count
             "n_screened": len(rows),
             "n_tokens": n_tokens,

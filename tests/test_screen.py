@@ -412,3 +412,19 @@ def test_local_window_is_in_the_screen_key_when_set() -> None:
     assert "local_window" not in a.config and b.config["local_window"] == 2 and a.key != b.key
     with pytest.raises(ValueError, match="local_window"):
         ScreenConfig(signal="local_nll")
+
+
+def test_a_screen_cell_with_a_local_window_records_local_nll(tmp_path: Path) -> None:
+    exp = load_experiment(CONFIG).model_copy(
+        update={"results_dir": str(tmp_path), "screen": ScreenConfig(local_window=1)}
+    )
+    g, store = grid.expand(exp), Store(exp.root)
+    for t in g.traces.values():
+        _fake_traces(store, t, 4)
+    cell = g.screens["sandbox_coin_flip", "stu", "t-small", "per_teacher"]
+    plan.run(exp, store, [cell], log=lambda _: None)
+    rows = read_jsonl(store.cell_dir("screen", cell.key) / "signals.jsonl")
+    summary = store.manifest("screen", cell.key)["summary"]
+    assert summary["local_nll"] == pytest.approx(np.mean([r["local_nll"] for r in rows]))
+    assert summary["n_tokens"] == sum(r["n_tokens"] for r in rows)
+    assert screening.table(exp, store)["local_nll"].notna().sum() == 1
