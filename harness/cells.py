@@ -184,6 +184,9 @@ class Dataset(_Distilling):
     phase: ClassVar[int] = 3
 
     def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
+        if "filter" in self.config:  # per-item filtering runs the student: one device
+            r = super().resources(exp, gpus_available)
+            return {**r, "gpus": min(r["gpus"], 1.0)}
         return {"gpus": 0.0, "cpus": 1.0, "memory_gb": 0.0}  # selection and tokenization only
 
     @classmethod

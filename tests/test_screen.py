@@ -326,6 +326,7 @@ def test_filtering_drops_the_examples_the_screen_finds_least_learnable(tmp_path:
     d, plain = fg.distilled[(*row, 0)].dataset, g.distilled[(*row, 0)].dataset
     assert d.config["filter"] == {"by": "nll", "drop": 0.25} and "filter" not in plain.config
     assert d.key != plain.key and "filter_by" not in str(fg.distilled[(*row, 0)].adapter.config)
+    assert plain.resources(base)["gpus"] == 0 and d.resources(filt)["gpus"] == 1
     plan.run(filt, store, [d], log=lambda _: None)
     every = read_jsonl(store.cell_dir("dataset", plain.key) / "examples.jsonl")
     kept = read_jsonl(store.cell_dir("dataset", d.key) / "examples.jsonl")
