@@ -60,7 +60,7 @@ _OS_FIXES = {
 ConfigArg = Annotated[Path, typer.Argument(help="experiment YAML", show_default=False)]
 Stage = Annotated[
     str | None,
-    typer.Option(help="run only these stages: generate, train, evaluate (comma-separated)"),
+    typer.Option(help="run only these stages: generate, train, evaluate, screen (comma-separated)"),
 ]
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
@@ -397,6 +397,37 @@ def check(
         f"ok  {root}: {complete} complete cells match their manifests; "
         f"{len(cells) - complete} unfinished (a re-run resumes them)"
     )
+
+
+@app.command()
+def screen(
+    config: ConfigArg,
+    student: Annotated[str | None, typer.Option(help="only this student")] = None,
+    task: Annotated[str | None, typer.Option(help="only this task")] = None,
+    wait: Wait = 0,
+) -> None:
+    """Screen teachers before training: one forward pass of each student over each training set
+    (NLL, token ranks, rank-surprisal ratio), then analysis/screen.csv. No adapter is trained."""
+    from harness import analyze as analysis
+    from harness import grid, plan, screening
+    from harness.store import Store
+
+    exp = screening.screened(_load(config))
+    if student is not None:
+        exp.model(student)
+    if task is not None:
+        exp.task(task)
+    store = Store(exp.root)
+    cells = grid.expand(exp).select(kind="screen", model=student, task=task)
+    with store.lock(timeout=wait):
+        counts = plan.run(exp, store, cells, log=_log)  # with the traces and datasets they need
+        board = analysis.leaderboard(exp, store)[0]
+        out = store.root / "analysis"
+        out.mkdir(parents=True, exist_ok=True)
+        result = screening.write(out, exp, store, board)
+    _console().print(f"screen: computed {counts.get('screen', 0)} screen cell(s)")
+    if result:
+        _console().print(f"screen table: {out / 'screen.csv'}")
 
 
 @app.command()

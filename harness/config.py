@@ -165,6 +165,16 @@ class TrainConfig(Strict):
     merge: bool = Field(
         False, description="also save the LoRA merged into the student (merged/); part of the key"
     )
+    teachers_per_student: Literal["all", "top_k"] = Field(
+        "all", description="top_k: screen first, train only the top_k best-screened teachers"
+    )
+    top_k: int = Field(1, gt=0, description="teachers trained per group with top_k")
+    filter_by: Literal["nll", "mean_rank", "rsr"] | None = Field(
+        None, description="drop the least learnable examples by this student-side signal"
+    )
+    filter_drop: float = Field(
+        0.0, ge=0, lt=1, description="with filter_by: the share of each training set dropped"
+    )
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
@@ -173,6 +183,10 @@ class TrainConfig(Strict):
     def _one_budget(self) -> TrainConfig:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of max_steps or epochs (the training budget)")
+        if self.teachers_per_student == "all" and "top_k" in self.model_fields_set:
+            raise ValueError("top_k is used only with teachers_per_student: top_k")
+        if (self.filter_by is None) != (self.filter_drop == 0):
+            raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
         return self
 
 
@@ -201,6 +215,28 @@ class AnalysisConfig(Strict):
     )
 
 
+class ScreenConfig(Strict):
+    """Student-side screening of teacher traces (harness/screen.py): one forward pass of each
+    student over each training set, no training. Present: the grid has a screen cell per dataset."""
+
+    batch_size: int = Field(16, gt=0, description="examples per forward pass (not in any key)")
+    max_examples: int | None = Field(
+        None, gt=0, description="screen a seeded sample of this many examples (None: all of them)"
+    )
+    local_window: int = Field(
+        0, ge=0, description="local naturalness: score each step after this many steps (0: off)"
+    )
+    signal: Literal["rsr", "nll", "mean_rank", "top1", "top5", "local_nll"] = Field(
+        "rsr", description="the signal that ranks teachers (harness/screening.py: SIGNALS)"
+    )
+
+    @model_validator(mode="after")
+    def _local(self) -> ScreenConfig:
+        if self.signal == "local_nll" and not self.local_window:
+            raise ValueError("signal: local_nll needs local_window > 0")
+        return self
+
+
 class RayConfig(Strict):
     address: str | None = None
     max_retries: int = Field(2, ge=0)
@@ -219,6 +255,7 @@ class Experiment(Strict):
     train: TrainConfig
     evaluate: EvalConfig = EvalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
+    screen: ScreenConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

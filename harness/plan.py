@@ -33,7 +33,8 @@ def run(
     they depend on, on the chosen executor; returns the computed cells by kind."""
     g = grids.expand(exp)
     wanted = g if wanted is None else wanted
-    sched = schedule.Schedule(g, wanted, store, options.only, schedule.Events(store, log))
+    events = schedule.Events(store, log)
+    sched = schedule.Schedule(g, wanted, store, options.only, events, g.gates)
     if options.executor == "ray":
         from harness import ray_executor
 
@@ -99,7 +100,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     from rich.table import Table
 
     from harness import progress
-    from harness.cells import PHASES
+    from harness.cells import KINDS, PHASES
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
@@ -128,9 +129,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
             row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
             table.add_row(*row, _needs(exp, group[0]))
     console.print(table)
-    counts = {
-        k: sum(1 for c in todo if c.kind == k) for k in ("traces", "dataset", "adapter", "eval")
-    }
+    kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
+    counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")

@@ -7,7 +7,9 @@ the common fields, and how it selects the examples. All regime logic lives here.
                   examples or in completion tokens (`train.matched_by`)
 
 A trace is usable when it is correct and finished; an example is a usable trace rendered for the
-student that fits `train.max_length` (over-long ones are dropped, never truncated).
+student that fits `train.max_length` (over-long ones are dropped, never truncated). With
+`train.filter_by` (nll, mean_rank or rsr: harness/screen.py), every regime then drops the
+`train.filter_drop` share of its examples that the student finds least learnable.
 """
 
 from __future__ import annotations
@@ -29,8 +31,21 @@ def inputs(regime: str, teacher: str, every_teacher: Sequence[str]) -> tuple[str
 
 
 def key_fields(regime: str, train: Any) -> dict[str, Any]:
-    """What of the training config a dataset's key holds besides max_length."""
-    return {"matched_by": train.matched_by if regime == "matched" else None}
+    """What of the training config a dataset's key holds besides max_length (per-item filtering
+    only when set: it was added after keys were published)."""
+    fields = {"matched_by": train.matched_by if regime == "matched" else None}
+    if train.filter_by is not None:
+        fields["filter"] = {"by": train.filter_by, "drop": train.filter_drop}
+    return fields
+
+
+def filter_worst(examples: Records, scores: list[float], drop: float) -> Records:
+    """`examples` without the `drop` share with the lowest `scores` (higher = more learnable;
+    ties: the later example goes first), in their order."""
+    n_drop = int(len(examples) * drop)
+    worst = sorted(range(len(examples)), key=lambda i: (scores[i], -i))[:n_drop]
+    gone = set(worst)
+    return [e for i, e in enumerate(examples) if i not in gone]
 
 
 def select(

@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from harness.config import canonical, config_hash
 from harness.errors import LockedError, UserError
 
-CELL_KINDS = ("traces", "eval", "dataset", "adapter", "analysis")
+CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter", "analysis")
 _KEY_RE = re.compile(r"^[0-9a-f]{20}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
