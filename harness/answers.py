@@ -59,11 +59,7 @@ _PHRASE = re.compile(
     r"(?:\s+(?:to|for)\s+(?:the|this|that|your|our)\s+(?:question|problem|riddle|puzzle|task))?"
     r"(?:\s*\([^()\n]{0,60}\))?"  # Zero-shot-CoT's "answer (arabic numerals) is"
     r"[\"'*_]*"  # "**Answer**:", JSON "answer":
-    r"(?P<conn>\s+(?:is|are|was|were|(?:"
-    + _MODAL
-    + r"(?:\s+"
-    + _ADVERB
-    + r")?\s+be))\b(?:\s*[:,])?"
+    rf"(?P<conn>\s+(?:is|are|was|were|(?:{_MODAL}(?:\s+{_ADVERB})?\s+be))\b(?:\s*[:,])?"
     r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because|"
     r"different|unchanged|accurate|plausible|sensible|logical|satisfactory|based|derived|"
     r"obtained|calculated|determined|explained|justified|supported|shown)\b"
@@ -224,24 +220,11 @@ def _first_sentence(span: str) -> str:
 
 _NUM = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 _CURRENCY = r"(?:[$£€¥₹]\s?|(?:USD|Rs\.?|INR)\s?)?"
-_NUMBER = re.compile(
-    r"(?<![\w.,/])(?P<sign>[-−]?)"
-    + _CURRENCY
-    + r"(?P<num>"
-    + _NUM
-    + r")(?:\s?/\s?(?P<den>"
-    + _NUM
-    + r"))?(?![0-9/])"
-)
+_SIGNED = rf"(?P<sign>[-−]?){_CURRENCY}(?P<num>{_NUM})(?:\s?/\s?(?P<den>{_NUM}))?"  # -$1,080, 3/4
+_NUMBER = re.compile(rf"(?<![\w.,/]){_SIGNED}(?![0-9/])")
 _NUMBER_AT = re.compile(
     r"[\s*_`'\"“”‘’:=(\[]*(?:(?:approximately|about|around|roughly|exactly|only|just|nearly|almost)\s+)?"
-    r"(?:[a-zA-Z]\s*=\s*)?(?P<sign>[-−]?)"
-    + _CURRENCY
-    + r"(?P<num>"
-    + _NUM
-    + r")(?:\s?/\s?(?P<den>"
-    + _NUM
-    + r"))?(?![0-9])"
+    rf"(?:[a-zA-Z]\s*=\s*)?{_SIGNED}(?![0-9])"
 )
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[0-9.,]+)\s*\}\s*\{\s*(-?[0-9.,]+)\s*\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]{0,200})\}")
@@ -265,9 +248,7 @@ def _fraction(text: str) -> Fraction | None:
     if not s or sum(c.isdigit() for c in s) > _MAX_DIGITS:
         return None
     num, _, den = s.partition("/")
-    if not re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", num):
-        return None
-    if den and not re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", den):
+    if not all(re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", p) for p in (num, den or "0")):
         return None
     value = Fraction(num)
     if den:
@@ -480,10 +461,8 @@ def _option_in(sentence: str, choices: Sequence[str]) -> str | None:
 
 _LETTER_TOKEN = r"(?:(?i:option|choice)\s+)?(?:\([A-Ra-r]\)|(?<![\w(])[A-HJ-R](?![\w'’(-]))"
 _SEVERAL_LETTERS = re.compile(
-    _LETTER_TOKEN
-    + r"(?:\s*(?:,|/|&|\band/or\b|\band\b|\bor\b|\bas\s+well\s+as\b)\s*(?:both\s+|either\s+)?"
-    + _LETTER_TOKEN
-    + r")+"
+    rf"{_LETTER_TOKEN}(?:\s*(?:,|/|&|\band/or\b|\band\b|\bor\b|\bas\s+well\s+as\b)\s*"
+    rf"(?:both\s+|either\s+)?{_LETTER_TOKEN})+"
 )
 
 
@@ -542,12 +521,19 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
 # --- yes/no, true/false, valid/invalid ----------------------------------------------------------------
 
 
-def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable, ...]:
-    """Readers of a two-word answer type. `punctuated` (yes/no): found outside a statement, the
-    word counts only when punctuation or the end follows it ("Yes, it is...", not "no one")."""
-    alt = "|".join(words)
+_WORDS = {
+    "yes_no": ("yes", "no"),
+    "true_false": ("true", "false"),
+    "valid_invalid": ("valid", "invalid"),
+}
+
+
+def _word_extractor(kind: str) -> Extractor:
+    """The extractor of a two-word answer type. For yes/no, a word found outside a statement
+    counts only when punctuation or the end follows it ("Yes, it is...", not "no one")."""
+    alt = "|".join(_WORDS[kind])
     at = re.compile(r"[\s*_`'\"“”‘’:=(\[]*(?i:(" + alt + r"))\b")
-    follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if punctuated else ""
+    follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if kind == "yes_no" else ""
     anywhere = re.compile(r"(?i:\b(" + alt + r")\b" + follow + ")")
     # "yes or no", "yes/no", "neither yes nor no", "partially yes and partially no"; not "yes,
     # and no one minds" (a determiner "no")
@@ -573,7 +559,7 @@ def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable
             return f"{m.group(1).lower()}, {m.group(2).lower()}"
         return None
 
-    return parse_at, last, several
+    return Extractor(kind, 2, (kind,), parse_at, last, several=several)
 
 
 # --- free strings --------------------------------------------------------------------------------------
@@ -735,11 +721,7 @@ class Reading:
     reason: str | None = None
 
     def fields(self, prefix: str) -> dict[str, str | None]:
-        return {
-            f"{prefix}_rule": self.rule,
-            f"{prefix}_span": self.span,
-            f"{prefix}_reason": self.reason,
-        }
+        return {f"{prefix}_{k}": getattr(self, k) for k in ("rule", "span", "reason")}
 
 
 def _clip(span: str) -> str:
@@ -790,10 +772,10 @@ class Extractor:
         else:
             st = statements[-1]
             several = self.several(st.span, choices)
-            value = None if several else self._value(st, choices)
             if several:
                 reason = f"several answers named: {several}"
                 return (Reading(None, st.rule, _clip(st.span), reason),) * 2
+            value = self._value(st, choices)
             if value is not None:
                 strict = Reading(value, st.rule, _clip(st.span))
                 return strict, strict
@@ -818,23 +800,13 @@ class Extractor:
         return self.read(text, choices)[1].value
 
 
-_yes_no = _word_extractors(("yes", "no"), punctuated=True)
-_true_false = _word_extractors(("true", "false"), punctuated=False)
-_valid_invalid = _word_extractors(("valid", "invalid"), punctuated=False)
-
 EXTRACTORS: dict[str, Extractor] = {
     "number": Extractor("number", 2, ("number",), _number_at, _number_last),
     "math": Extractor("math", 2, ("math", "number"), _math_at, _math_last, boxed_first=True),
     "choice": Extractor(
         "choice", 2, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
     ),
-    "yes_no": Extractor("yes_no", 2, ("yes_no",), *_yes_no[:2], several=_yes_no[2]),
-    "true_false": Extractor(
-        "true_false", 2, ("true_false",), *_true_false[:2], several=_true_false[2]
-    ),
-    "valid_invalid": Extractor(
-        "valid_invalid", 2, ("valid_invalid",), *_valid_invalid[:2], several=_valid_invalid[2]
-    ),
+    **{kind: _word_extractor(kind) for kind in _WORDS},
     "string": Extractor("string", 3, ("string",), _string_at, _string_last),
     "date": Extractor("date", 2, ("date",), _date_at, _date_last),
 }
@@ -864,12 +836,9 @@ def canonical(answer_type: str, raw: object) -> str | None:
     if answer_type == "choice":
         m = re.fullmatch(r"[\s(\[]*([A-Ra-r])[\s)\].]*", text)
         return m.group(1).upper() if m else None
-    if answer_type in ("yes_no", "true_false", "valid_invalid"):
-        words = {"yes_no": ("yes", "no"), "true_false": ("true", "false")}.get(
-            answer_type, ("valid", "invalid")
-        )
+    if answer_type in _WORDS:
         word = text.strip(_STRIP + ".").lower()
-        return word if word in words else None
+        return word if word in _WORDS[answer_type] else None
     if answer_type == "string":
         return canonical_string(text)
     if answer_type == "date":
