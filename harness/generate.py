@@ -74,7 +74,7 @@ def work(
     `engine`: an already started engine to use (in-process callers: tests, benchmarks).
     """
     store, sampling = Store(root), Sampling.from_config(exp.generate)
-    loaded = [(c, *_task_items(exp, c)) for c in cells]
+    loaded = [(c, *task_items(exp, c, "train")) for c in cells]
     engines.emit({"total": sampling.n * sum(len(items) for _, _, items in loaded)})
     if engine is None:
         engines.emit({"status": f"starting the {exp.generate.engine} engine"})
@@ -85,10 +85,22 @@ def work(
     }
 
 
-def _task_items(exp: Experiment, cell: Traces) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+def task_items(exp: Experiment, cell: Any, split: str) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+    """A cell's task and its items of `split` (train for traces, test for eval)."""
     task = tasks.load_task(cell.task)
-    items = tasks.load_items(task, "train", data_dir=exp.data_dir, limit=cell.limit)
-    return task, items
+    return task, tasks.load_items(task, split, data_dir=exp.data_dir, limit=cell.limit)
+
+
+def requests(
+    task: tasks.TaskSpec, items: list[tasks.Item], cfg: Any, data_dir: str | None
+) -> list[Request]:
+    """One request per item, its prompt rendered as `cfg` (generate or evaluate settings) says."""
+    return [
+        Request(
+            it.id, prompt=tasks.render_prompt(task, it, cfg.prompt_style, cfg.num_fewshot, data_dir)
+        )
+        for it in items
+    ]
 
 
 def _generate_cell(
@@ -144,16 +156,11 @@ def _generate_chunk(
     write: Callable[[dict[str, Any]], None],
 ) -> float:
     """Generate one window of items; an item's records are written once all earlier ones are."""
-    gen = exp.generate
-    prompts = [
-        tasks.render_prompt(task, it, gen.prompt_style, gen.num_fewshot, data_dir=exp.data_dir)
-        for it in todo
-    ]
-    requests = [Request(it.id, prompt=p) for it, p in zip(todo, prompts, strict=True)]
+    batch = requests(task, todo, exp.generate, exp.data_dir)
     t0 = time.perf_counter()
-    for i, samples in engines.in_request_order(engine.stream(requests, sampling)):
+    for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
         for k, s in enumerate(samples):
-            write(trace_record(task, todo[i], prompts[i], k, s, extractor))
+            write(trace_record(task, todo[i], batch[i].prompt, k, s, extractor))
     return time.perf_counter() - t0
 
 

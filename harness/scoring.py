@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from harness import answers
 from harness.errors import UserError
 from harness.stats import majority_vote
-from harness.store import OUT_FIX, atomic_write_bytes, atomic_write_text, read_json, read_jsonl
+from harness.store import OUT_FIX, atomic_write_bytes, jsonl_text, read_json, read_jsonl
 from harness.tasks import (
     Item,
     TaskSpec,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the engines' Sample, for the records' signatures only
 READING_FIELDS = tuple(
     f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
 )
+VERDICT_FIELDS = ("strict", "flexible", "strict_correct", "flexible_correct", "correct")
 
 
 def verdict(headline: str, strict_ok: bool, flexible_ok: bool) -> bool:
@@ -239,8 +240,7 @@ def score_file(
 
 
 def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    atomic_write_text(path, text, OUT_FIX)
+    atomic_write_bytes(path, jsonl_text(records).encode("utf-8"), OUT_FIX)
 
 
 def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
@@ -289,9 +289,9 @@ def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
     path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
     if not read_jsonl(path, repair=True):
         return
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rescore_cell(cell, data_dir))
-    if data.encode("utf-8") != path.read_bytes():
-        atomic_write_bytes(path, data.encode("utf-8"))
+    data = jsonl_text(rescore_cell(cell, data_dir)).encode("utf-8")
+    if data != path.read_bytes():
+        atomic_write_bytes(path, data)
 
 
 def rescore_due(recorded: dict[str, Any]) -> bool:
@@ -386,17 +386,18 @@ def trace_record(
         "id": item.id,
         "sample": k,
         "prompt": prompt,
+        **_sample_fields(s, item),
+        **{k: scored[k] for k in (*VERDICT_FIELDS, *READING_FIELDS)},
+    }
+
+
+def _sample_fields(s: Sample, item: Item) -> dict[str, Any]:
+    return {
         "completion": s.text,
         "finish_reason": s.finish_reason,
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "gold": item.gold,
-        "strict": scored["strict"],
-        "flexible": scored["flexible"],
-        "strict_correct": scored["strict_correct"],
-        "flexible_correct": scored["flexible_correct"],
-        "correct": scored["correct"],
-        **{k: scored[k] for k in READING_FIELDS},
     }
 
 
@@ -410,18 +411,8 @@ def record(
     ]
     if decoding == "greedy":
         (s,), (r,) = samples, scored
-        return {
-            "id": item.id,
-            "completion": s.text,
-            "finish_reason": s.finish_reason,
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "gold": item.gold,
-            **{k: r[k] for k in ("strict", "flexible", "strict_correct", "flexible_correct")},
-            "correct": r["correct"],
-            "truncated": r["truncated"],
-            **{k: r[k] for k in READING_FIELDS},
-        }
+        fields = (*VERDICT_FIELDS, "truncated", *READING_FIELDS)
+        return {"id": item.id, **_sample_fields(s, item), **{k: r[k] for k in fields}}
     # self-consistency: one vote per sample on each reading; equivalence as scoring.score judges it
     kind = answers.get_extractor(extractor).answer_types[0]
     strict = majority_vote([r["strict"] for r in scored])

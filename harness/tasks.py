@@ -202,10 +202,6 @@ class TaskSpec(Strict):
         return self
 
     @property
-    def hub_id(self) -> str | None:
-        return self.source.hub.id if self.source.hub else None
-
-    @property
     def source_version(self) -> int | None:
         """The version of the code that makes the items (the sandbox generators); None for data."""
         return sandbox.VERSION if self.source.sandbox is not None else None
@@ -276,7 +272,7 @@ def list_tasks_table() -> list[dict[str, Any]]:
         if spec.source.sandbox is not None:
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
-            source = spec.hub_id or "files only"
+            source = spec.source.hub.id if spec.source.hub else "files only"
         shown = [f"{k} {sizes[k]}" for k in ("train", "test") if k in sizes]
         rows.append(
             {
@@ -707,15 +703,14 @@ def _check_size(
     )
 
 
-def _check_unique(spec: TaskSpec, items: list[Item], wheres: list[str] | None = None) -> None:
+def _check_unique(spec: TaskSpec, items: list[Item], wheres: list[str]) -> None:
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
         if item.id in seen:
-            first = items[seen[item.id]]
-            rows = f"; rows: {wheres[seen[item.id]]} and {wheres[i]}" if wheres else ""
+            j = seen[item.id]
             raise UserError(
-                f"task {spec.name}: id {item.id!r} appears twice (source_index {first.source_index} "
-                f"and {item.source_index}{rows}); ids must be unique within a task."
+                f"task {spec.name}: id {item.id!r} appears twice (source_index {items[j].source_index} "
+                f"and {item.source_index}; rows: {wheres[j]} and {wheres[i]}); ids must be unique within a task."
             )
         seen[item.id] = i
 
@@ -818,18 +813,8 @@ def items_jsonl(
     """Write a split's items as JSONL {id, source_index, question, gold}: to a file path
     (atomically), a stream, or stdout. Returns the number of items."""
     items = load_items(task, split, data_dir, limit)
-    lines = (
-        json.dumps(
-            {
-                "id": it.id,
-                "source_index": it.source_index,
-                "question": it.question,
-                "gold": it.gold,
-            },
-            ensure_ascii=False,
-        )
-        for it in items
-    )
+    keys = ("id", "source_index", "question", "gold")
+    lines = (json.dumps({k: getattr(it, k) for k in keys}, ensure_ascii=False) for it in items)
     if isinstance(out, (str, Path)):
         atomic_write_text(Path(out), "".join(line + "\n" for line in lines), OUT_FIX)
     else:

@@ -94,10 +94,6 @@ def in_request_order(
     emit({"samples": done, "tokens": tokens})
 
 
-def inprocess_default() -> bool:
-    return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
-
-
 def _reuse_default() -> bool:
     """Whether engine work reuses one warm child process per run. On a CPU machine it does: a
     fresh child pays `import vllm` and the first engine's set-up (measured 7-20 s) for every
@@ -132,7 +128,7 @@ def run_in_child(
     """
     global _emit
     if inprocess is None:
-        inprocess = inprocess_default()
+        inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
     if inprocess:
         previous, _emit = _emit, on_event
         try:

@@ -227,26 +227,15 @@ class HFEngine(Engine):
         logprob = None
         if logprobs is not None:
             logprob = float(sum(logprobs[row, j, t] for j, t in enumerate(ids)))
-        return Sample(
-            text=text,
-            token_ids=tuple(ids),
-            prompt_tokens=prompt_tokens,
-            finish_reason=finish,
-            logprob=logprob,
-        )
+        return Sample(text, tuple(ids), prompt_tokens, finish, logprob)
 
     def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
         """The fewest leading tokens whose text holds a stop string (the token that completed it)."""
         lo, hi = 1, len(ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            if (
-                cut_at_stop(self.tokenizer.decode(ids[:mid], skip_special_tokens=True), stop)
-                is None
-            ):
-                lo = mid + 1
-            else:
-                hi = mid
+            text = self.tokenizer.decode(ids[:mid], skip_special_tokens=True)
+            lo, hi = (mid + 1, hi) if cut_at_stop(text, stop) is None else (lo, mid)
         return lo
 
     def close(self) -> None:

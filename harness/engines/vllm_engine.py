@@ -30,13 +30,9 @@ from harness.errors import UserError
 def _sample(out: Any, completion: Any, sampling: Sampling) -> Sample:
     if completion.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM request {out.request_id} ended with {completion.finish_reason!r}")
-    return Sample(
-        text=completion.text,
-        token_ids=tuple(completion.token_ids),
-        prompt_tokens=len(out.prompt_token_ids),
-        finish_reason=completion.finish_reason,
-        logprob=completion.cumulative_logprob if sampling.logprobs else None,
-    )
+    logprob = completion.cumulative_logprob if sampling.logprobs else None
+    ids, prompt_tokens = tuple(completion.token_ids), len(out.prompt_token_ids)
+    return Sample(completion.text, ids, prompt_tokens, completion.finish_reason, logprob)
 
 
 def engine_kwargs(settings: EngineSettings, cuda: bool) -> dict[str, Any]:

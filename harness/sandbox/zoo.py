@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import random
@@ -144,13 +145,8 @@ def shipped(name: str) -> Path | None:
     with COTGAP_ZOO=rebuilt: then `sandbox:<name>` means this machine's own rebuild)."""
     if os.environ.get("COTGAP_ZOO", "shipped").lower() == "rebuilt":
         return None
-    d = SHIPPED / name
-    info = d / "zoo.json"
-    if not info.is_file():
-        return None
-    import json
-
-    return d if json.loads(info.read_text()).get("hash") == recipe_hash(name) else None
+    info = _shipped_info(name)
+    return SHIPPED / name if info and info.get("hash") == recipe_hash(name) else None
 
 
 @functools.cache
@@ -242,9 +238,8 @@ def build(
 
 
 def _build_one(name: str, seed: int | None, final: Path, report: Callable[..., None]) -> None:
-    for stale in final.parent.glob(
-        f".tmp-{final.name}-*"
-    ):  # left by a killed build; we hold the lock
+    # left by a killed build; we hold the lock
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     try:
@@ -525,8 +520,6 @@ def build_cli(
     """`cotgap sandbox build [NAMES...] --profile demo|test [--check] [--ship]`: rebuild from
     scratch into the cache, print the table; `--check` adds the shipped model's accuracies and
     the differences, `--ship` (for maintainers) replaces the shipped models with the rebuild."""
-    import json
-
     from rich.table import Table
 
     from harness.progress import console
@@ -565,8 +558,6 @@ def _scores(acc: dict[str, float]) -> str:
 
 
 def _shipped_info(name: str) -> dict | None:
-    import json
-
     info = SHIPPED / name / "zoo.json"
     return json.loads(info.read_text()) if info.is_file() else None
 
@@ -595,11 +586,9 @@ def ship_models(dirs: dict[str, Path]) -> None:
 
 
 def _model_card(models: list[str]) -> str:
-    import json
-
     rows = []
     for n in models:
-        info = json.loads((SHIPPED / n / "zoo.json").read_text())
+        info = _shipped_info(n)
         r = info["recipe"]
         arch = f"{r['layers']}L h{r['hidden']} ff{r['intermediate']} heads {r['heads']}"
         rows.append(
@@ -607,7 +596,7 @@ def _model_card(models: list[str]) -> str:
             f"x {r['batch_size']} | {info.get('precision', '?')} | {info['train_s']:.0f} | "
             f"{_scores(info['accuracy'])} |"
         )
-    flags = json.loads((SHIPPED / models[0] / "zoo.json").read_text()).get("precision_choice", {})
+    flags = _shipped_info(models[0]).get("precision_choice", {})
     return MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
 
 
