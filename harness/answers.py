@@ -21,7 +21,7 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -175,11 +175,8 @@ def _statements(text: str, bare_ok: bool) -> list[Statement]:
         else:
             continue
         span = text[m.end() : m.end() + _SPAN_CHARS]
-        found.append(
-            Statement(
-                m.start(), rule, _json_value(span) if rule == "json_answer" else _value_line(span)
-            )
-        )
+        value = _json_value(span) if rule == "json_answer" else _value_line(span)
+        found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
     for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
         content = _braced(text, m.end())
@@ -346,13 +343,17 @@ def _number_at(span: str, choices: Choices = None) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _number_last(text: str, choices: Choices = None) -> str | None:
-    tail = deque(_NUMBER.finditer(_delatex(text)), maxlen=_MAX_CANDIDATES)
-    for m in reversed(tail):
-        value = _number_from(m)
+def _newest(matches: Iterable[re.Match], read: Callable[[re.Match], str | None]) -> str | None:
+    """The value of the newest match that reads as one, of the last _MAX_CANDIDATES matches."""
+    for m in reversed(deque(matches, maxlen=_MAX_CANDIDATES)):
+        value = read(m)
         if value is not None:
             return value
     return None
+
+
+def _number_last(text: str, choices: Choices = None) -> str | None:
+    return _newest(_NUMBER.finditer(_delatex(text)), _number_from)
 
 
 def _number_equivalent(pred: str, gold: str) -> bool:
@@ -505,14 +506,10 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
     m = _LAST_LINE_LETTER.search(text.rstrip()[-_SPAN_CHARS:])
     if m and _valid_letter(m.group(1), choices):
         return m.group(1)
-    for m in reversed(deque(_CHOICE_ANY.finditer(text), maxlen=_MAX_CANDIDATES)):
-        letter = _valid_letter(
-            m.group("p") or m.group("c") or m.group("a") or m.group("s"), choices
-        )
-        if letter:
-            return letter
-    if not choices:
-        return None
+    # one named group of _CHOICE_ANY holds the letter: the one its alternative has
+    letter = _newest(_CHOICE_ANY.finditer(text), lambda m: _valid_letter(m[m.lastgroup], choices))
+    if letter or not choices:
+        return letter
     return _find_option(_norm_text(text), [_norm_text(c) for c in choices]) or _option_number(
         _number_last(text) or "", choices
     )
@@ -571,9 +568,8 @@ _QUOTED = re.compile(r"\"([^\"\n]{1,300})\"|“([^”\n]{1,300})”")
 def canonical_string(text: str) -> str | None:
     """Lowercase, no surrounding quotes or markdown, no final period, single spaces."""
     s, prev = " ".join(text.split()).lower(), None
-    while (
-        s != prev
-    ):  # to a fixed point, so canonical_string(canonical_string(x)) == canonical_string(x)
+    # to a fixed point, so canonical_string(canonical_string(x)) == canonical_string(x)
+    while s != prev:
         prev, s = s, s.strip(_STRIP).rstrip(".,;:!")
     return s if s and len(s) <= _SPAN_CHARS else None
 
@@ -624,11 +620,7 @@ def _date_at(span: str, choices: Choices = None) -> str | None:
 
 
 def _date_last(text: str, choices: Choices = None) -> str | None:
-    for m in reversed(deque(_DATE.finditer(text), maxlen=_MAX_CANDIDATES)):
-        value = _date_text(m)
-        if value:
-            return value
-    return None
+    return _newest(_DATE.finditer(text), _date_text)
 
 
 # --- LaTeX answers (MATH) ----------------------------------------------------------------------------

@@ -45,26 +45,14 @@ def run(
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
     """Compute the eval cells of one base model; returns metrics by cell key."""
-    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    cells = engines.pending(store, cells, "eval")
     if not cells:
         return {}
-    models = {c.model for c in cells}
-    if len(models) != 1 or any(c.kind != "eval" for c in cells):
-        raise ValueError(f"evaluate.run takes eval cells of one base model, got {sorted(models)}")
-    model = models.pop()
     # Resolved here, so that a missing adapter fails before any engine starts.
     served = {c.key: served_by(store, c) for c in cells}
     args = (exp, str(store.root), cells, served, chunk_seqs)
-    logs = store.root / "logs"
     return engines.run_stage(
-        "evaluate",
-        model,
-        work,
-        *args,
-        cells=cells,
-        log_dir=logs,
-        progress=progress,
-        inprocess=inprocess,
+        "evaluate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess
     )
 
 

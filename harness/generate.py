@@ -41,24 +41,12 @@ def run(
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
     """Compute the traces cells of one teacher; returns summaries by cell key."""
-    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    cells = engines.pending(store, cells, "traces")
     if not cells:
         return {}
-    teachers = {c.model for c in cells}
-    if len(teachers) != 1 or any(c.kind != "traces" for c in cells):
-        raise ValueError(f"generate.run takes traces cells of one teacher, got {sorted(teachers)}")
-    teacher = teachers.pop()
     args = (exp, str(store.root), cells, chunk_seqs)
-    logs = store.root / "logs"
     return engines.run_stage(
-        "generate",
-        teacher,
-        work,
-        *args,
-        cells=cells,
-        log_dir=logs,
-        progress=progress,
-        inprocess=inprocess,
+        "generate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess
     )
 
 

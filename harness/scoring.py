@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from harness import answers
 from harness.errors import UserError
 from harness.stats import majority_vote
-from harness.store import OUT_FIX, atomic_write_bytes, jsonl_text, read_json, read_jsonl
+from harness.store import OUT_FIX, atomic_write_text, jsonl_text, read_json, read_jsonl
 from harness.tasks import (
     Item,
     TaskSpec,
@@ -216,7 +216,7 @@ def score_file(
         )
         results.append({**base, "missing": False, "finish_reason": finish, **scored})
     out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
-    _write_jsonl(out, results)
+    atomic_write_text(out, jsonl_text(results), OUT_FIX)
     missing = [r["id"] for r in results if r["missing"]]
     ex = answers.get_extractor(extractor or spec.extractor)
     r = rates(results, spec.headline)
@@ -237,10 +237,6 @@ def score_file(
         "missing_ids": missing[:20],
         "out": str(out),
     }
-
-
-def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
-    atomic_write_bytes(path, jsonl_text(records).encode("utf-8"), OUT_FIX)
 
 
 def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
@@ -289,9 +285,9 @@ def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
     path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
     if not read_jsonl(path, repair=True):
         return
-    data = jsonl_text(rescore_cell(cell, data_dir)).encode("utf-8")
-    if data != path.read_bytes():
-        atomic_write_bytes(path, data)
+    data = jsonl_text(rescore_cell(cell, data_dir))
+    if data.encode("utf-8") != path.read_bytes():
+        atomic_write_text(path, data)
 
 
 def rescore_due(recorded: dict[str, Any]) -> bool:
@@ -324,7 +320,7 @@ def rescore_results(
         _, spec, extractor = _cell_config(cell)
         old = read_jsonl(cell / PREDICTIONS)
         new = rescore_cell(cell, data_dir)
-        _write_jsonl(out_root / f"{cell.name}.jsonl", new)
+        atomic_write_text(out_root / f"{cell.name}.jsonl", jsonl_text(new), OUT_FIX)
         stored = read_json(cell / METRICS, f"delete {cell} and re-run to recompute it")
         summaries.append(
             {

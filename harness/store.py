@@ -224,12 +224,6 @@ class JsonlWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> JsonlWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class Store:
     """The cells of one experiment under `root` (= <results_dir>/<experiment name>)."""

@@ -51,6 +51,7 @@ from harness.store import (
     Store,
     atomic_write_json,
     atomic_write_text,
+    jsonl_text,
     read_json,
     read_jsonl,
 )
@@ -67,25 +68,24 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     not once a cell (about 5 s a cell on a laptop CPU, where a sandbox LoRA run takes 1-2 s).
     Each cell still seeds, resumes and saves on its own, so the weights equal a worker of its own.
     Cells that need `accelerate launch` (several processes) get a launch each."""
-    complete = [c for c in cells if store.complete("adapter", c.key)]
-    done = {c.key: store.manifest("adapter", c.key)["summary"] for c in complete}
+    done = {c.key: m["summary"] for c in cells if (m := store.manifest("adapter", c.key))}
     todo = [c for c in cells if c.key not in done]
     for c in todo:
         if not store.complete("dataset", c.upstream[0]):
             raise UserError(
                 f"dataset cell {c.upstream[0]} is not complete; build it before training."
             )
-    shared = [c for c in todo if _single_process(c)]
+    shared = [c for c in todo if _single_process(c.train)]
     if shared:
         done.update(_train_cells(exp, store, shared))
     for c in todo:
-        if c.key not in {s.key for s in shared}:
+        if not _single_process(c.train):
             done.update(_train_cells(exp, store, [c]))
     return done
 
 
-def _single_process(cell: Adapter) -> bool:
-    return cell.train.num_processes == 1 and cell.train.accelerate_config is None
+def _single_process(cfg: TrainConfig) -> bool:
+    return cfg.num_processes == 1 and cfg.accelerate_config is None
 
 
 def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
@@ -101,6 +101,7 @@ def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[st
         for c, out in zip(cells, outs, strict=True):
             student = exp.model(c.student)
             examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+            dataset = store.manifest("dataset", c.upstream[0])["summary"]
             job = {
                 "model_dir": str(Path(models.resolve(student)).resolve()),
                 "chat_template": student.chat_template,
@@ -113,9 +114,7 @@ def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[st
                 "checkpoint_seconds": exp.train.checkpoint_seconds,
                 # what the worker needs to complete the cell through the store, as this process would
                 "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
-                "n_dropped_overlong": store.manifest("dataset", c.upstream[0])["summary"][
-                    "n_dropped_overlong"
-                ],
+                "n_dropped_overlong": dataset["n_dropped_overlong"],
             }
             out.write_json("job.json", job)
             # a killed run's summary is not this worker's (it writes its own before completing)
@@ -167,7 +166,7 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
     dirs = [cell_dirs] if isinstance(cell_dirs, Path) else list(cell_dirs)
     worker = ["-m", "harness.train", *(a for d in dirs for a in ("--cell-dir", str(d)))]
     worker += ["--owner-pid", str(os.getpid())]
-    if cfg.num_processes == 1 and cfg.accelerate_config is None:
+    if _single_process(cfg):
         return [sys.executable, *worker]
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     launch += ["--num_processes", str(cfg.num_processes)]
@@ -470,7 +469,7 @@ def _open_log(acc: Any, cell_dir: Path, step: int) -> JsonlWriter | None:
         return None
     path = cell_dir / "train_log.jsonl"
     kept = [r for r in read_jsonl(path, repair=True) if r["step"] <= step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, jsonl_text(kept))
     return JsonlWriter(path)
 
 

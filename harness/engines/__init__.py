@@ -41,6 +41,7 @@ __all__ = [
     "emit",
     "in_request_order",
     "load",
+    "pending",
     "request_seed",
     "run_in_child",
     "run_stage",
@@ -216,29 +217,38 @@ class _Worker:
             os.close(self.alive_w)
 
 
+def pending(store: Any, cells: list, kind: str) -> list:
+    """The cells not complete yet in `store`: `kind` cells of one model, as a stage takes them."""
+    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    models = {c.model for c in cells}
+    if len(models) > 1 or any(c.kind != kind for c in cells):
+        raise ValueError(f"a stage takes {kind} cells of one model, got {sorted(models)}")
+    return cells
+
+
 def run_stage(
     stage: str,
-    model: str,
     fn: Callable[..., Any],
     *args: Any,
     cells: list,
-    log_dir: Path,
+    store: Any,
     progress: bool = True,
     inprocess: bool | None = None,
 ) -> Any:
-    """`run_in_child(fn, *args)` for one engine stage over `cells` of one `model`, with a progress
-    bar fed by the child's events and its log in `log_dir/<stage>-<model>.log`. A failure names
-    the cell the child was working on (the last `cell` event), or says it died starting."""
+    """`run_in_child(fn, *args)` for one engine stage over `cells` of one model, with a progress
+    bar fed by the child's events and its log in `<store>/logs/<stage>-<model>.log`. A failure
+    names the cell the child was working on (the last `cell` event), or says it died starting."""
     from harness.progress import StageProgress
     from harness.store import safe_name
 
+    model, log_dir = cells[0].model, store.root / "logs"
     with StageProgress(f"{stage} {model}", enabled=progress) as bar:
         try:
             return run_in_child(
                 fn,
                 *args,
                 label=f"{stage} ({model}: {', '.join(c.label for c in cells)})",
-                log_path=Path(log_dir) / f"{stage}-{safe_name(model)}.log",
+                log_path=log_dir / f"{stage}-{safe_name(model)}.log",
                 on_event=bar.update,
                 inprocess=inprocess,
             )

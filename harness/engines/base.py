@@ -216,12 +216,6 @@ class Engine:
     def close(self) -> None:
         """Free the model; the process that made the engine should end soon after."""
 
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> int | None:
     """Index where the earliest stop string starts in `text`, or None."""
