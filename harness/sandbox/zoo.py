@@ -28,7 +28,6 @@ models are later asked to do and only adds noise to the gradient.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
@@ -39,7 +38,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,23 +226,22 @@ def build(
     todo = [n for n in names if n not in out]
     if todo:
         root.mkdir(parents=True, exist_ok=True)
-    with _progress(progress and bool(todo)) as report:
-        for name in todo:
-            final = root / f"{name}-{recipe_hash(name, seed)}"
-            with FileLock(str(root / f".{final.name}.lock")):
-                if not (final / "zoo.json").is_file():
-                    _build_one(name, seed, final, report)
-            out[name] = final
+    for name in todo:
+        final = root / f"{name}-{recipe_hash(name, seed)}"
+        with FileLock(str(root / f".{final.name}.lock")):
+            if not (final / "zoo.json").is_file():
+                _build_one(name, seed, final, progress)
+        out[name] = final
     return {n: out[n] for n in names}
 
 
-def _build_one(name: str, seed: int | None, final: Path, report: Callable[..., None]) -> None:
+def _build_one(name: str, seed: int | None, final: Path, progress: bool) -> None:
     # left by a killed build; we hold the lock
     for stale in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     try:
-        info = _train_and_save(name, seed, tmp, report)
+        info = _train_and_save(name, seed, tmp, progress)
         from harness.store import atomic_write_json
 
         atomic_write_json(tmp / "zoo.json", info)
@@ -337,8 +335,9 @@ def _lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[..., None]) -> dict:
-    """Pretrain, evaluate, save a standard model directory into `out`; return zoo.json's content."""
+def _train_and_save(name: str, seed: int | None, out: Path, progress: bool) -> dict:
+    """Pretrain, evaluate, save a standard model directory into `out`; return zoo.json's content.
+    With `progress`, a bar while pretraining (steps, tokens/s, loss), then a line of accuracies."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -352,10 +351,12 @@ def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[...
     torch.set_num_threads(threads)  # the weights depend on it (reduction order): recorded below
     try:
         start = time.time()
-        model, stats = _pretrain(name, recipe, report, precision)
+        model, stats = _pretrain(name, recipe, precision, progress)
         tokenizer = make_tokenizer()
         accuracy = evaluate(model, tokenizer, [g for g, _ in recipe.mixture], recipe.eval_items)
-        report(name, accuracy=accuracy)
+        if progress:
+            scores = "  ".join(f"{g} {a:.0%}" for g, a in accuracy.items())
+            print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         GenerationConfig(
@@ -392,11 +393,13 @@ def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[...
 
 
 def _pretrain(
-    name: str, recipe: Recipe, report: Callable[..., None], precision: str = "fp32"
+    name: str, recipe: Recipe, precision: str = "fp32", progress: bool = False
 ) -> tuple[Any, dict]:
     """AdamW with warmup and cosine decay to 10%, loss on the assistant tokens; bf16 autocast
     when `precision` is "bf16" (weights and optimizer stay fp32 either way)."""
     import torch
+
+    from harness.progress import StageProgress
 
     torch.manual_seed(recipe.seed)
     start = time.time()
@@ -409,22 +412,23 @@ def _pretrain(
         lr=recipe.lr,
         betas=(0.9, 0.95),
     )
-    report(name, {"total": recipe.steps}, params=params)
     model.train()
     tokens = loss_ema = 0.0
-    for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        # bf16 autocast: ~1.5x faster than fp32 where bf16 is native, ~6x slower where emulated
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        tokens += n_tokens
-        loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
-        report(name, {"fields": f"loss {loss_ema:.3f}", "samples": 1, "tokens": n_tokens})
+    with StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", progress) as bar:
+        bar.update({"total": recipe.steps})
+        for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, recipe)
+            # bf16 autocast: ~1.5x faster than fp32 where bf16 is native, ~6x slower where emulated
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            tokens += n_tokens
+            loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
+            bar.update({"fields": f"loss {loss_ema:.3f}", "samples": 1, "tokens": n_tokens})
     model.eval()
     stats = {
         "params": params,
@@ -480,34 +484,7 @@ def evaluate(
     return accuracy
 
 
-# --- progress and CLI -----------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[..., None]]:
-    """`report(name, event, params=, accuracy=)`: a `StageProgress` per model being built (steps,
-    tokens/s, loss); `params` starts a model's bar, `accuracy` ends it with one summary line."""
-    from harness.progress import StageProgress
-
-    bars: dict[str, StageProgress] = {}
-
-    def report(name: str, event: dict | None = None, params: int | None = None, accuracy=None):
-        if params is not None:
-            bars[name] = StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", enabled)
-            bars[name].__enter__()
-        if event:
-            bars[name].update(event)
-        if accuracy is not None:
-            bars.pop(name).__exit__()
-            if enabled:
-                scores = "  ".join(f"{g} {a:.0%}" for g, a in accuracy.items())
-                print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
-
-    try:
-        yield report
-    finally:
-        for bar in bars.values():
-            bar.__exit__()
+# --- CLI -----------------------------------------------------------------------------------------
 
 
 def build_cli(
