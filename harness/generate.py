@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,16 +108,19 @@ def _generate_cell(
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
         engines.emit({"skipped": len(records)})
-
-        def write(record: dict[str, Any]) -> None:
-            out.write(record)
-            records.append(record)
-
         gen_s, per_chunk = 0.0, max(1, chunk_seqs // n)
         for start in range(0, len(items), per_chunk):
             todo = [it for it in items[start : start + per_chunk] if it.id not in done]
-            if todo:
-                gen_s += _generate_chunk(exp, task, todo, engine, sampling, extractor, write)
+            if not todo:
+                continue
+            batch = requests(task, todo, exp.generate, exp.data_dir)
+            t0 = time.perf_counter()
+            # an item's records are written once all earlier items of the window are
+            for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
+                for k, s in enumerate(samples):
+                    records.append(trace_record(task, todo[i], batch[i].prompt, k, s, extractor))
+                    out.write(records[-1])
+            gen_s += time.perf_counter() - t0
         tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])
         summary = summarize(records, n_items=len(items), n=n, tokens=tokens, gen_s=gen_s)
         summary.update(
@@ -132,24 +134,6 @@ def _generate_cell(
         )
         c.finish(summary, packages=engine.packages)
     return summary
-
-
-def _generate_chunk(
-    exp: Experiment,
-    task: tasks.TaskSpec,
-    todo: list[tasks.Item],
-    engine: Engine,
-    sampling: Sampling,
-    extractor: str,
-    write: Callable[[dict[str, Any]], None],
-) -> float:
-    """Generate one window of items; an item's records are written once all earlier ones are."""
-    batch = requests(task, todo, exp.generate, exp.data_dir)
-    t0 = time.perf_counter()
-    for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
-        for k, s in enumerate(samples):
-            write(trace_record(task, todo[i], batch[i].prompt, k, s, extractor))
-    return time.perf_counter() - t0
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:

@@ -442,8 +442,7 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
 
 
 def _file_list(spec: TaskSpec) -> str:
-    files = spec.source.files
-    return ", ".join(p for paths in files.splits.values() for p in paths) if files else "(none)"
+    return ", ".join(p for paths in spec.source.files.splits.values() for p in paths)
 
 
 def _sandbox_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
@@ -500,13 +499,8 @@ def _parse_choices(value: Any) -> list[tuple[str, str]] | None:
     ):
         return [(str(c["label"]), str(c["text"])) for c in value]
     if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        out = []
-        for c in value:
-            m = re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S)
-            if not m:
-                return None
-            out.append((m.group(1), m.group(2)))
-        return out
+        found = [re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S) for c in value]
+        return [(m.group(1), m.group(2)) for m in found] if all(found) else None
     return None
 
 
