@@ -6,12 +6,12 @@
     >>> equivalent("number", "0.17", "1/6")
     True
 
-Each extractor reads a completion twice. `strict` accepts only an explicit answer statement
-("The answer is X", "Answer: X", "#### X", or a \\boxed{X}), the last one in the text whose value
-parses; `flexible` takes the last candidate of the answer's type anywhere in the text. A failed
-parse is None, never a guess. Extractors never raise and run in linear time on any input.
-Bump an extractor's `version` whenever its output can change: traces and eval cells scored by an
-earlier version are re-scored from their completions where they are read (never regenerated).
+Each extractor reads a completion twice (`Extractor`): `strict` from the last explicit answer
+statement only ("The answer is X", "Answer: X", "#### X", \\boxed{X}), `flexible` from earlier ones
+too, and with no statement at all from the last candidate of the type anywhere. A failed parse is
+None, never a guess. Extractors never raise and run in linear time on any input. Bump an
+extractor's `version` whenever its output can change: traces and eval cells scored by an earlier
+version are re-scored from their completions where they are read (never regenerated).
 """
 
 from __future__ import annotations
@@ -117,12 +117,7 @@ def _braced(text: str, start: int) -> str | None:
 
 def last_boxed(text: str) -> str | None:
     """Content of the last closed \\boxed{...} or \\fbox{...} (brace-matched), or None."""
-    starts = deque((m.end() for m in _BOXED.finditer(text)), maxlen=_MAX_MARKERS)
-    for start in reversed(starts):
-        content = _braced(text, start)
-        if content is not None:
-            return content
-    return None
+    return _newest(_BOXED.finditer(text), lambda m: _braced(text, m.end()), _MAX_MARKERS)
 
 
 def _value_line(span: str) -> str:
@@ -343,9 +338,11 @@ def _number_at(span: str, choices: Choices = None) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _newest(matches: Iterable[re.Match], read: Callable[[re.Match], str | None]) -> str | None:
-    """The value of the newest match that reads as one, of the last _MAX_CANDIDATES matches."""
-    for m in reversed(deque(matches, maxlen=_MAX_CANDIDATES)):
+def _newest(
+    matches: Iterable[re.Match], read: Callable[[re.Match], str | None], keep: int = _MAX_CANDIDATES
+) -> str | None:
+    """The value of the newest match that reads as one, of the last `keep` matches."""
+    for m in reversed(deque(matches, maxlen=keep)):
         value = read(m)
         if value is not None:
             return value

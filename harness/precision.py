@@ -40,13 +40,9 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     if sys.platform == "darwin":
+        cmd = ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"]
         try:
-            out = subprocess.run(
-                ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()
             return frozenset({"bf16"}) if out == "1" else frozenset()
         except (OSError, subprocess.SubprocessError):
             pass

@@ -56,12 +56,8 @@ class SeededSampler:
         import torch
 
         probs = torch.softmax(self.warpers(input_ids, scores.float()), dim=-1)
-        picks = torch.cat(
-            [
-                torch.multinomial(p, 1, generator=g)
-                for p, g in zip(probs, self.generators, strict=True)
-            ]
-        )
+        rows = zip(probs, self.generators, strict=True)
+        picks = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in rows])
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, picks[:, None], 0.0)
 
