@@ -99,11 +99,6 @@ def _before_next_turn(text: str) -> str:
     return text[: m.start()] if m and text[: m.start()].strip() else text
 
 
-def scored_text(text: str) -> str:
-    """What extraction reads: after the last </think>, up to a new "Q:" turn the model invented."""
-    return _before_next_turn(final_segment(text))
-
-
 def _braced(text: str, start: int) -> str | None:
     """Content of a brace group whose `{` ends just before `start`, or None if unclosed (bounded)."""
     depth = 1

@@ -111,7 +111,7 @@ def score(
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
-    text = answers.scored_text(completion if isinstance(completion, str) else "")
+    text = answers.final_segment(completion if isinstance(completion, str) else "")
     strict, flexible = ex.read(text, choices)
     kind = ex.answer_types[0]
     strict_ok = answers.equivalent(kind, strict.value, gold)
@@ -148,36 +148,33 @@ def _read_predictions(
     preds: dict[str, dict] = {}
     records = 0  # excluded rows count: a file of only those is not empty
     # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
-    with io.StringIO(read_utf8(path)) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            records += 1
-            where = f"{path}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{where}: not valid JSON ({e.msg}); one object per line."
-                ) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-                raise UserError(
-                    f"{where}: field 'id' is missing or not text; each line needs id and completion."
-                )
-            if not isinstance(rec.get("completion"), str):
-                raise UserError(f"{where}: field 'completion' is missing or not text.")
-            if rec["id"] in excluded_ids(spec):
-                continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
-            if rec["id"] not in by_id:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
-                    f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
-                )
-            if rec["id"] in preds:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
-                )
-            preds[rec["id"]] = rec
+    for lineno, line in enumerate(io.StringIO(read_utf8(path)), 1):
+        if not line.strip():
+            continue
+        records += 1
+        where = f"{path}: line {lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg}); one object per line.") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+            raise UserError(
+                f"{where}: field 'id' is missing or not text; each line needs id and completion."
+            )
+        if not isinstance(rec.get("completion"), str):
+            raise UserError(f"{where}: field 'completion' is missing or not text.")
+        if rec["id"] in excluded_ids(spec):
+            continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
+        if rec["id"] not in by_id:
+            raise UserError(
+                f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
+                f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
+            )
+        if rec["id"] in preds:
+            raise UserError(
+                f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
+            )
+        preds[rec["id"]] = rec
     if not records:
         raise UserError(
             f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "

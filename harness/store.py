@@ -110,13 +110,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_FIX = "free disk space or fix permissions"
 # the fix for a file the user named (`--out`), where writing elsewhere is also a way out
 OUT_FIX = "free disk space, fix permissions or give another output file path"
 
 
-def atomic_write_bytes(
-    path: Path, data: bytes, fix: str = "free disk space or fix permissions"
-) -> None:
+def atomic_write_bytes(path: Path, data: bytes, fix: str = _FIX) -> None:
     """Write to a temporary sibling, fsync, rename: readers see the old file or the new one. A
     failure is a UserError naming the file and `fix`, what to do about it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -132,9 +131,7 @@ def atomic_write_bytes(
         raise UserError(f"{path}: could not write ({e.strerror}); {fix}, then re-run.") from None
 
 
-def atomic_write_text(
-    path: Path, text: str, fix: str = "free disk space or fix permissions"
-) -> None:
+def atomic_write_text(path: Path, text: str, fix: str = _FIX) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fix)
 
 

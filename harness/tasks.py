@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,7 @@ from harness import answers
 from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
 from harness.errors import UserError
 from harness.sandbox import tasks as sandbox
-from harness.store import OUT_FIX, atomic_write_text
+from harness.store import OUT_FIX, atomic_write_text, jsonl_text
 
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
@@ -808,13 +809,9 @@ def items_jsonl(
     (atomically), a stream, or stdout. Returns the number of items."""
     items = load_items(task, split, data_dir, limit)
     keys = ("id", "source_index", "question", "gold")
-    lines = (json.dumps({k: getattr(it, k) for k in keys}, ensure_ascii=False) for it in items)
+    text = jsonl_text({k: getattr(it, k) for k in keys} for it in items)
     if isinstance(out, (str, Path)):
-        atomic_write_text(Path(out), "".join(line + "\n" for line in lines), OUT_FIX)
+        atomic_write_text(Path(out), text, OUT_FIX)
     else:
-        import sys
-
-        stream = out or sys.stdout
-        for line in lines:
-            stream.write(line + "\n")
+        (out or sys.stdout).write(text)
     return len(items)
