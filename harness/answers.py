@@ -28,15 +28,8 @@ from fractions import Fraction
 from harness.errors import UserError
 
 ANSWER_TYPES = (
-    "number",
-    "math",
-    "choice",
-    "yes_no",
-    "true_false",
-    "valid_invalid",
-    "string",
-    "date",
-)
+    "number", "math", "choice", "yes_no", "true_false", "valid_invalid", "string", "date",
+)  # fmt: skip
 
 Choices = Sequence[str] | None
 

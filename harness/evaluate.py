@@ -194,11 +194,7 @@ def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> d
     """`scoring.rates` plus the headline accuracy's percentile bootstrap CI over items (analysis
     settings)."""
     out = scoring.rates(records, headline)
-    ci = stats.accuracy_ci(
-        [bool(r["correct"]) for r in records],
-        analysis.ci,
-        analysis.bootstrap_samples,
-        analysis.seed,
-    )
+    verdicts = [bool(r["correct"]) for r in records]
+    ci = stats.accuracy_ci(verdicts, analysis.ci, analysis.bootstrap_samples, analysis.seed)
     out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high, ci=analysis.ci)
     return out

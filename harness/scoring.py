@@ -398,10 +398,8 @@ def record(
     task: TaskSpec, item: Item, samples: list[Sample], extractor: str, decoding: str
 ) -> dict[str, Any]:
     """The predictions.jsonl record of one item: its completion(s), token counts and scores."""
-    scored = [
-        score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
-        for s in samples
-    ]
+    choices = item.meta.get("choices")
+    scored = [score(task, s.text, item.gold, s.finish_reason, extractor, choices) for s in samples]
     if decoding == "greedy":
         (s,), (r,) = samples, scored
         fields = (*VERDICT_FIELDS, "truncated", *READING_FIELDS)

@@ -37,14 +37,9 @@ from harness.store import OUT_FIX, atomic_write_text, jsonl_text
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
 AnswerFrom = Literal[
-    "plain",
-    "after_hashes",
-    "boxed",
-    "target_scores",
-    "choice_scores",
-    "yes_no_bool",
+    "plain", "after_hashes", "boxed", "target_scores", "choice_scores", "yes_no_bool",
     "leading_number",
-]
+]  # fmt: skip
 
 
 # --- the YAML schema ---------------------------------------------------------------------------------
