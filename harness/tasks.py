@@ -514,36 +514,32 @@ def _gold_and_choices(
         choices = _parse_choices(_field(spec, row, fields.choices, "answer choices"))
         if not choices:
             raise UserError(f"{row.where}: field {fields.choices!r}: not a list of answer choices.")
-    how = fields.answer_from
+    how, field = fields.answer_from, f"{row.where}: field {fields.answer!r}"
     if how == "after_hashes":
         if not isinstance(raw, str) or "####" not in raw:
-            raise UserError(f"{row.where}: field {fields.answer!r}: no '#### <answer>' line.")
+            raise UserError(f"{field}: no '#### <answer>' line.")
         raw = raw.rpartition("####")[2]
     elif how == "boxed":
         boxed = answers.last_boxed(raw) if isinstance(raw, str) else None
         if boxed is None:
-            raise UserError(f"{row.where}: field {fields.answer!r}: no \\boxed{{...}} answer.")
+            raise UserError(f"{field}: no \\boxed{{...}} answer.")
         raw = boxed
     elif how in ("target_scores", "choice_scores"):
         if how == "target_scores":
             if not isinstance(raw, dict):
-                raise UserError(
-                    f"{row.where}: field {fields.answer!r}: expected an object of scores."
-                )
+                raise UserError(f"{field}: expected an object of scores.")
             texts, scores = list(raw), list(raw.values())
         else:
             texts, scores = [t for _, t in choices or []], raw
         best = [i for i, s in enumerate(scores) if s == 1]
         if len(best) != 1 or len(scores) != len(texts):
-            raise UserError(
-                f"{row.where}: field {fields.answer!r}: needs exactly one option scored 1."
-            )
+            raise UserError(f"{field}: needs exactly one option scored 1.")
         # BIG-bench options continue the input ("...Alice has the " + "blue ball."): drop the period.
         choices = [(answers.LETTERS[i], t.strip().removesuffix(".")) for i, t in enumerate(texts)]
         raw = answers.LETTERS[best[0]] if spec.answer_type == "choice" else texts[best[0]]
     elif how == "yes_no_bool":
         if not isinstance(raw, bool):
-            raise UserError(f"{row.where}: field {fields.answer!r}: expected true or false.")
+            raise UserError(f"{field}: expected true or false.")
         raw = "yes" if raw else "no"
     elif how == "leading_number":
         raw = str(raw).split("(", 1)[0].strip()
@@ -563,12 +559,11 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
     meta: dict[str, Any] = {}
     if spec.answer_type == "choice" and choices:
         labels = [label for label, _ in choices]
-        if isinstance(raw, str) and raw.strip("() ") in labels:
-            position = labels.index(raw.strip("() "))
-        else:
+        if not (isinstance(raw, str) and raw.strip("() ") in labels):
             raise UserError(
                 f"{row.where}: field {fields.answer!r}: gold {raw!r} is not one of the labels {labels}."
             )
+        position = labels.index(raw.strip("() "))
         order = list(range(len(choices)))
         if spec.shuffle_choices:
             seed = f"{spec.split.seed if spec.split else 0}\n{question}".encode()
@@ -584,9 +579,8 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
         meta["choices"] = options or None
         if answers.canonical("choice", raw) is None and isinstance(raw, str):
             # BBH's targets are "(B)", but a few give the option's text: map it to its letter.
-            same = [
-                i for i, t in enumerate(options) if " ".join(t.split()) == " ".join(raw.split())
-            ]
+            said = " ".join(raw.split())
+            same = [i for i, t in enumerate(options) if " ".join(t.split()) == said]
             if len(same) == 1:
                 raw = answers.LETTERS[same[0]]
     gold = answers.canonical(spec.answer_type, raw)
@@ -605,9 +599,7 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
         value = _get(row.data, path)
         if value is not _MISSING:
             meta[path.rsplit(".", 1)[-1]] = value
-    item_id = default_id
-    if fields.id:
-        item_id = str(_field(spec, row, fields.id, "id"))
+    item_id = str(_field(spec, row, fields.id, "id")) if fields.id else default_id
     return Item(item_id, row.index, question, gold, meta)
 
 
