@@ -410,6 +410,7 @@ def record(
     flexible = majority_vote([r["flexible"] for r in scored])
     strict_ok = answers.equivalent(kind, strict, item.gold)
     flexible_ok = answers.equivalent(kind, flexible, item.gold)
+    per_sample = ("strict", "flexible", *READING_FIELDS)
     return {
         "id": item.id,
         "completions": [s.text for s in samples],
@@ -417,9 +418,7 @@ def record(
         "prompt_tokens": samples[0].prompt_tokens,
         "completion_tokens": [s.completion_tokens for s in samples],
         "gold": item.gold,
-        "sample_strict": [r["strict"] for r in scored],
-        "sample_flexible": [r["flexible"] for r in scored],
-        **{f"sample_{k}": [r[k] for r in scored] for k in READING_FIELDS},
+        **{f"sample_{k}": [r[k] for r in scored] for k in per_sample},
         "strict": strict,
         "flexible": flexible,
         "strict_correct": strict_ok,

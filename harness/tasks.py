@@ -645,10 +645,8 @@ def load_items(
     rows = [row for row in rows if row.index not in skip]
     items = []
     for row in rows:
-        default_id = (
-            f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
-        )
-        items.append(_make_item(spec, fields, row, default_id))
+        split_part = "" if pooled else f"{row.split}-"
+        items.append(_make_item(spec, fields, row, f"{spec.name}-{split_part}{row.index}"))
     _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
     expected = _sizes(spec)
     if pooled and split != "all":

@@ -188,6 +188,7 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
 
 def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
+    import psutil  # a dependency of accelerate
     from accelerate.utils import set_seed
 
     started = time.time()
@@ -216,7 +217,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     saved = time.perf_counter()
     with _progress_bar(acc, job, progress["step"], total) as bar:
         for step in range(progress["step"] + 1, total + 1):
-            if owner_pid and not _alive(owner_pid):
+            if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
             batches = [collate(data, next(stream), pad) for _ in range(ga)]
             lr = optimizer.param_groups[0]["lr"]
@@ -471,12 +472,6 @@ def _open_log(acc: Any, cell_dir: Path, step: int) -> JsonlWriter | None:
     kept = [r for r in read_jsonl(path, repair=True) if r["step"] <= step]
     atomic_write_text(path, jsonl_text(kept))
     return JsonlWriter(path)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ProcessLookupError):
-        return os.kill(pid, 0) is None
-    return False
 
 
 def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, merge: bool, method: str) -> None:

@@ -191,9 +191,7 @@ class Engine:
         path = str(Path(adapter).resolve())
         if not Path(path).is_dir():
             raise UserError(f"{adapter}: adapter directory does not exist.")
-        if path not in self._adapter_ids:
-            self._adapter_ids[path] = len(self._adapter_ids) + 1
-        return path, self._adapter_ids[path]
+        return path, self._adapter_ids.setdefault(path, len(self._adapter_ids) + 1)
 
     def stream(
         self, requests: Sequence[Request], sampling: Sampling, adapter: str | None = None
