@@ -411,11 +411,8 @@ def _option_number(text: str, choices: Sequence[str]) -> str | None:
     value = _fraction(text) if text else None
     if value is None:
         return None
-    hits = []
-    for i, option in enumerate(choices[: len(LETTERS)]):
-        m = _NUMBER_AT.match(_delatex(option))
-        if m and _fraction(_number_from(m) or "") == value:
-            hits.append(i)
+    starts = [_NUMBER_AT.match(_delatex(option)) for option in choices[: len(LETTERS)]]
+    hits = [i for i, m in enumerate(starts) if m and _fraction(_number_from(m) or "") == value]
     return LETTERS[hits[0]] if len(hits) == 1 else None
 
 

@@ -191,6 +191,8 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     import psutil  # a dependency of accelerate
     from accelerate.utils import set_seed
 
+    from harness.progress import StageProgress
+
     started = time.time()
     job = read_json(cell_dir / "job.json", f"delete {cell_dir} and re-run to train that cell again")
     cfg = TrainConfig.model_validate(job["train"])
@@ -215,7 +217,10 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     model.train()
     began = time.perf_counter() - progress["elapsed"]
     saved = time.perf_counter()
-    with _progress_bar(acc, job, progress["step"], total) as bar:
+    # steps, tokens/s and the loss, shown by the main process (the others stay quiet)
+    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
+    bar.update({"total": total - progress["step"]})
+    with bar:
         for step in range(progress["step"] + 1, total + 1):
             if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
@@ -272,15 +277,6 @@ def _complete(cell_dir: Path, job: dict, summary: dict, started: float) -> None:
     full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"]}
     cell.finish(full, packages=TRAIN_PACKAGES, start=started, exclude=("checkpoints",))
     shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
-
-
-def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
-    """Steps done, tokens/s and the loss, shown by the main process (the others stay quiet)."""
-    from harness.progress import StageProgress
-
-    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
-    bar.update({"total": total - done})
-    return bar
 
 
 def _precision(cfg: TrainConfig) -> str:

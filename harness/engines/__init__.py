@@ -241,16 +241,13 @@ def run_stage(
     from harness.progress import StageProgress
     from harness.store import safe_name
 
-    model, log_dir = cells[0].model, store.root / "logs"
+    model = cells[0].model
+    label = f"{stage} ({model}: {', '.join(c.label for c in cells)})"
+    log_path = store.root / "logs" / f"{stage}-{safe_name(model)}.log"
     with StageProgress(f"{stage} {model}", enabled=progress) as bar:
         try:
             return run_in_child(
-                fn,
-                *args,
-                label=f"{stage} ({model}: {', '.join(c.label for c in cells)})",
-                log_path=log_dir / f"{stage}-{safe_name(model)}.log",
-                on_event=bar.update,
-                inprocess=inprocess,
+                fn, *args, label=label, log_path=log_path, on_event=bar.update, inprocess=inprocess
             )
         except ChildFailed as e:
             where = f"cell {bar.cell}" if bar.cell else "starting the engine"

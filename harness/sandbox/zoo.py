@@ -132,11 +132,8 @@ def _shipped_sums() -> dict[str, str]:
     path = SHIPPED / SUMS
     if not path.is_file():
         return {}
-    sums = {}
-    for line in path.read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        sums[rel.strip()] = digest.strip()
-    return sums
+    lines = (line.partition("  ") for line in path.read_text().splitlines())
+    return {rel.strip(): digest.strip() for digest, _, rel in lines}
 
 
 def shipped(name: str) -> Path | None:
