@@ -31,14 +31,8 @@ def console(stderr: bool = False) -> Any:
 
 class StageProgress:
     def __init__(self, description: str, enabled: bool = True):
+        import rich.progress as rp
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
 
         console = Console(stderr=True)
         self.enabled = enabled
@@ -48,12 +42,12 @@ class StageProgress:
         self.done, self.total = 0, None
         self.tokens, self.start, self.last_line = 0, None, 0.0
         self.extra = ""
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[speed]}"),
-            TimeRemainingColumn(),
+        self.progress = rp.Progress(
+            rp.TextColumn("[bold]{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("{task.fields[speed]}"),
+            rp.TimeRemainingColumn(),
             console=console,
             disable=not self.rich,
         )

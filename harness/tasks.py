@@ -270,18 +270,9 @@ def list_tasks_table() -> list[dict[str, Any]]:
         else:
             source = spec.source.hub.id if spec.source.hub else "files only"
         shown = [f"{k} {sizes[k]}" for k in ("train", "test") if k in sizes]
-        rows.append(
-            {
-                "name": name,
-                "version": spec.version,
-                "answer_type": spec.answer_type,
-                "extractor": spec.extractor,
-                "headline": spec.headline,
-                "source": source,
-                "splits": " / ".join(shown) or "train / test",
-                "sizes": sizes,
-            }
-        )
+        described = spec.model_dump(include={"version", "answer_type", "extractor", "headline"})
+        splits = " / ".join(shown) or "train / test"
+        rows.append({"name": name, **described, "source": source, "splits": splits, "sizes": sizes})
     return rows
 
 

