@@ -94,10 +94,8 @@ def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[st
     (back to its last checkpoint); the first cell left incomplete is reported."""
     cfg = cells[0].train
     with contextlib.ExitStack() as stack:
-        outs = [
-            stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
-            for c in cells
-        ]
+        opened = (store.open_cell("adapter", c.key, c.config, c.upstream) for c in cells)
+        outs = [stack.enter_context(cell) for cell in opened]
         for c, out in zip(cells, outs, strict=True):
             student = exp.model(c.student)
             examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"

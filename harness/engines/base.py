@@ -55,16 +55,9 @@ class Sampling:
 
     @classmethod
     def from_config(cls, cfg: Any) -> Sampling:
-        """From a GenerateConfig or an EvalConfig (which has no top_k)."""
-        return cls(
-            n=cfg.n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=getattr(cfg, "top_k", -1),
-            max_tokens=cfg.max_tokens,
-            seed=cfg.seed,
-            stop=tuple(cfg.stop),
-        )
+        """From a GenerateConfig or an EvalConfig (which has no top_k: off)."""
+        fields = {"n", "temperature", "top_p", "top_k", "max_tokens", "seed"}
+        return cls(**cfg.model_dump(include=fields), stop=tuple(cfg.stop))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form, for manifests."""

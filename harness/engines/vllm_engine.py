@@ -146,10 +146,8 @@ class VllmEngine(Engine):
                 for out in engine.step():
                     if out.finished:
                         left -= 1
-                        samples = [
-                            _sample(out, c, sampling)
-                            for c in sorted(out.outputs, key=lambda c: c.index)
-                        ]
+                        outputs = sorted(out.outputs, key=lambda c: c.index)
+                        samples = [_sample(out, c, sampling) for c in outputs]
                         if len(samples) < sampling.n:  # greedy: every sample is the same
                             samples = samples * sampling.n
                         yield index[out.request_id], samples
