@@ -386,6 +386,11 @@ def _norm_text(text: str) -> str:
     return " ".join(text.split())
 
 
+def _as_option(text: str) -> str:
+    """A pattern of an option's text as a whole (not inside a word or a number)."""
+    return rf"(?<![\w.]){re.escape(text)}(?![\w]|\.[0-9])"
+
+
 def _find_option(said: str, options: Sequence[str]) -> str | None:
     """The option whose text occurs last in `said` (the longer one when two end together)."""
     best: tuple[int, int] = (-1, 0)
@@ -393,9 +398,7 @@ def _find_option(said: str, options: Sequence[str]) -> str | None:
     for i, option in enumerate(options[: len(LETTERS)]):
         if not option:
             continue
-        ends = [
-            m.end() for m in re.finditer(rf"(?<![\w.]){re.escape(option)}(?![\w]|\.[0-9])", said)
-        ]
+        ends = [m.end() for m in re.finditer(_as_option(option), said)]
         if not ends:
             continue
         key = (ends[-1], len(option))
@@ -418,11 +421,7 @@ def _option_number(text: str, choices: Sequence[str]) -> str | None:
 
 def _named_options(said: str, options: Sequence[str]) -> set[int]:
     """Indices of the options whose (normalised) text occurs in `said`."""
-    named = {
-        i
-        for i, o in enumerate(options)
-        if o and re.search(rf"(?<![\w.]){re.escape(o)}(?![\w]|\.[0-9])", said)
-    }
+    named = {i for i, o in enumerate(options) if o and re.search(_as_option(o), said)}
     # "blue ball" inside a named "dark blue ball" is not a second answer; nor is a repeated text.
     named = {i for i in named if not any(j != i and options[i] in options[j] for j in named)}
     return named if len({options[i] for i in named}) == len(named) else set()

@@ -406,15 +406,10 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
                     hub.id, hub.config, revision=hub.revision, split=hub_split
                 )
             except Exception as e:
-                offline = any(
-                    os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-                    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-                )
-                why = (
-                    "this machine is offline (HF_HUB_OFFLINE is set)"
-                    if offline
-                    else "check that the machine is online and the dataset reachable"
-                )
+                why = "check that the machine is online and the dataset reachable"
+                for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+                    if os.environ.get(flag, "").lower() in ("1", "true", "yes", "on"):
+                        why = "this machine is offline (HF_HUB_OFFLINE is set)"
                 raise UserError(
                     f"task {spec.name}: could not load {hub.id} (config {hub.config}, revision "
                     f"{hub.revision}, split {hub_split}) from the hub: {type(e).__name__}: "

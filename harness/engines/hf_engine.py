@@ -123,10 +123,8 @@ class HFEngine(Engine):
         from peft import PeftModel
 
         if adapter is None:
-            if isinstance(self.model, PeftModel):
-                with self.model.disable_adapter():
-                    yield
-            else:
+            peft = isinstance(self.model, PeftModel)
+            with self.model.disable_adapter() if peft else contextlib.nullcontext():
                 yield
             return
         path, int_id = self.adapter_id(adapter)

@@ -356,11 +356,8 @@ def _train_and_save(name: str, seed: int | None, out: Path, progress: bool) -> d
             print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            do_sample=False,
-        ).save_pretrained(out)
+        ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+        GenerationConfig(**ids, do_sample=False).save_pretrained(out)
     finally:
         torch.set_num_threads(saved_threads)
     return {
