@@ -460,9 +460,8 @@ def _several_choices(span: str, choices: Choices = None) -> str | None:
             i = LETTERS.find(m.group(1).upper())
             rest = sentence[m.end() :]
             if 0 <= i < len(choices) and choices[i] and rest.lower().startswith(choices[i].lower()):
-                nxt = re.match(
-                    r"\s*[,;]?\s*(?:and\s+|or\s+)?\(?([A-Ra-r])\)", rest[len(choices[i]) :]
-                )
+                after = rest[len(choices[i]) :]
+                nxt = re.match(r"\s*[,;]?\s*(?:and\s+|or\s+)?\(?([A-Ra-r])\)", after)
                 if nxt and nxt.group(1).upper() != m.group(1).upper():
                     return f"({m.group(1).upper()}), ({nxt.group(1).upper()})"
     if choices and not _CHOICE_AT.match(_unhedged(span)):

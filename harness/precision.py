@@ -13,6 +13,7 @@ the CUDA question, and only when it is already imported.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -41,11 +42,9 @@ def cpu_flags() -> frozenset[str]:
         pass
     if sys.platform == "darwin":
         cmd = ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"]
-        try:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()
             return frozenset({"bf16"}) if out == "1" else frozenset()
-        except (OSError, subprocess.SubprocessError):
-            pass
     return frozenset()
 
 

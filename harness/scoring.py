@@ -115,11 +115,8 @@ def score(
     strict, flexible = ex.read(text, choices)
     kind = ex.answer_types[0]
     strict_ok = answers.equivalent(kind, strict.value, gold)
-    flexible_ok = (
-        strict_ok
-        if flexible.value == strict.value
-        else answers.equivalent(kind, flexible.value, gold)
-    )
+    same = flexible.value == strict.value
+    flexible_ok = strict_ok if same else answers.equivalent(kind, flexible.value, gold)
     return {
         **out,
         "strict": strict.value,

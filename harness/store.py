@@ -177,8 +177,7 @@ def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut < len(data) and repair:
-        with open(path, "r+b") as f:
-            f.truncate(cut)
+        os.truncate(path, cut)
     records = []
     for lineno, line in enumerate(data[:cut].splitlines(), 1):
         if not line.strip():

@@ -471,9 +471,8 @@ def evaluate(
                     pad_token_id=pad,
                 )
             texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-            correct += sum(
-                extract_answer(t) == it["answer"] for t, it in zip(texts, batch, strict=True)
-            )
+            pairs = zip(texts, batch, strict=True)
+            correct += sum(extract_answer(t) == it["answer"] for t, it in pairs)
         accuracy[gen] = round(correct / n, 3)
     return accuracy
 
