@@ -583,9 +583,7 @@ def _string_key(s: str) -> str:
 
 def _date_text(m: re.Match) -> str | None:
     month, day, year = int(m.group(1)), int(m.group(2)), int(m.group(3))
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return None
-    return f"{month:02d}/{day:02d}/{year:04d}"
+    return f"{month:02d}/{day:02d}/{year:04d}" if 1 <= month <= 12 and 1 <= day <= 31 else None
 
 
 def canonical_date(text: str) -> str | None:

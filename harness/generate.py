@@ -82,12 +82,9 @@ def requests(
     task: tasks.TaskSpec, items: list[tasks.Item], cfg: Any, data_dir: str | None
 ) -> list[Request]:
     """One request per item, its prompt rendered as `cfg` (generate or evaluate settings) says."""
-    return [
-        Request(
-            it.id, prompt=tasks.render_prompt(task, it, cfg.prompt_style, cfg.num_fewshot, data_dir)
-        )
-        for it in items
-    ]
+    style, shots = cfg.prompt_style, cfg.num_fewshot
+    prompts = [tasks.render_prompt(task, it, style, shots, data_dir) for it in items]
+    return [Request(it.id, prompt=p) for it, p in zip(items, prompts, strict=True)]
 
 
 def _generate_cell(

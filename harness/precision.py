@@ -77,8 +77,5 @@ def choose(value: str | None = None, device: str = "cpu") -> Precision:
 
 def describe() -> dict[str, object]:
     """What a manifest records about the choice: the CPU's bf16 support and the request."""
-    return {
-        "cpu_bf16_native": cpu_bf16_native(),
-        "machine": platform.machine(),
-        "requested": requested(),
-    }
+    native = cpu_bf16_native()
+    return {"cpu_bf16_native": native, "machine": platform.machine(), "requested": requested()}

@@ -53,12 +53,8 @@ def cell_key(
     """The 20-hex-digit key of a cell: its kind, resolved config, upstream keys and versions."""
     if kind not in CELL_KINDS:
         raise ValueError(f"unknown cell kind {kind!r}")
-    blob = {
-        "kind": kind,
-        "config": config,
-        "upstream": list(upstream),
-        "versions": dict(versions or {}),
-    }
+    pinned = dict(versions or {})
+    blob = {"kind": kind, "config": config, "upstream": list(upstream), "versions": pinned}
     return config_hash(blob)[:20]
 
 

@@ -163,12 +163,9 @@ class VllmEngine(Engine):
         caller's next model) then starts clean instead of finding stale process groups."""
         import gc
 
-        from vllm.distributed.parallel_state import (
-            destroy_distributed_environment,
-            destroy_model_parallel,
-        )
+        from vllm.distributed import parallel_state
 
         self.llm = None
         gc.collect()
-        destroy_model_parallel()
-        destroy_distributed_environment()
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()
