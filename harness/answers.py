@@ -111,11 +111,7 @@ def last_boxed(text: str) -> str | None:
 def _value_line(span: str) -> str:
     """The first line of a statement's span; the next non-empty one when the statement ends its
     line ("The answer is:\\n\\n**42**", '>> FINAL ANSWER:\\n\\"\\"\\"\\n5')."""
-    lines = span.split("\n", 4)
-    for line in lines[:4]:
-        if line.strip(_DECOR + ":"):
-            return line
-    return ""
+    return next((line for line in span.split("\n", 4)[:4] if line.strip(_DECOR + ":")), "")
 
 
 _JSON_STRING = re.compile(r'\s*("(?:[^"\\\n]|\\.){0,1000}")')
