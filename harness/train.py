@@ -51,6 +51,7 @@ from harness.store import (
     Store,
     atomic_write_json,
     atomic_write_text,
+    jsonl_text,
     read_json,
     read_jsonl,
 )
@@ -67,15 +68,14 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     not once a cell (about 5 s a cell on a laptop CPU, where a sandbox LoRA run takes 1-2 s).
     Each cell still seeds, resumes and saves on its own, so the weights equal a worker of its own.
     Cells that need `accelerate launch` (several processes) get a launch each."""
-    complete = [c for c in cells if store.complete("adapter", c.key)]
-    done = {c.key: store.manifest("adapter", c.key)["summary"] for c in complete}
+    done = {c.key: m["summary"] for c in cells if (m := store.manifest("adapter", c.key))}
     todo = [c for c in cells if c.key not in done]
     for c in todo:
         if not store.complete("dataset", c.upstream[0]):
             raise UserError(
                 f"dataset cell {c.upstream[0]} is not complete; build it before training."
             )
-    shared = [c for c in todo if _single_process(c)]
+    shared = [c for c in todo if _single_process(c.train)]
     if shared:
         n = _workers(len(shared))
         done.update(_train_cells(exp, store, [shared[i::n] for i in range(n)]))
@@ -94,8 +94,8 @@ def _workers(n_cells: int) -> int:
     return min(int(env), n_cells) if env.isdigit() and int(env) > 0 else 1
 
 
-def _single_process(cell: Adapter) -> bool:
-    return cell.train.num_processes == 1 and cell.train.accelerate_config is None
+def _single_process(cfg: TrainConfig) -> bool:
+    return cfg.num_processes == 1 and cfg.accelerate_config is None
 
 
 def _train_cells(exp: Experiment, store: Store, groups: list[list[Adapter]]) -> dict[str, dict]:
@@ -188,7 +188,7 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
     dirs = [cell_dirs] if isinstance(cell_dirs, Path) else list(cell_dirs)
     worker = ["-m", "harness.train", *(a for d in dirs for a in ("--cell-dir", str(d)))]
     worker += ["--owner-pid", str(os.getpid())]
-    if cfg.num_processes == 1 and cfg.accelerate_config is None:
+    if _single_process(cfg):
         return [sys.executable, *worker]
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     launch += ["--num_processes", str(cfg.num_processes)]
@@ -210,7 +210,10 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
 
 def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
+    import psutil  # a dependency of accelerate
     from accelerate.utils import set_seed
+
+    from harness.progress import StageProgress
 
     started = time.time()
     job = read_json(cell_dir / "job.json", f"delete {cell_dir} and re-run to train that cell again")
@@ -236,9 +239,12 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     model.train()
     began = time.perf_counter() - progress["elapsed"]
     saved = time.perf_counter()
-    with _progress_bar(acc, job, progress["step"], total) as bar:
+    # steps, tokens/s and the loss, shown by the main process (the others stay quiet)
+    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
+    bar.update({"total": total - progress["step"]})
+    with bar:
         for step in range(progress["step"] + 1, total + 1):
-            if owner_pid and not _alive(owner_pid):
+            if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
             batches = [collate(data, next(stream), pad) for _ in range(ga)]
             lr = optimizer.param_groups[0]["lr"]
@@ -293,15 +299,6 @@ def _complete(cell_dir: Path, job: dict, summary: dict, started: float) -> None:
     full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"]}
     cell.finish(full, packages=TRAIN_PACKAGES, start=started, exclude=("checkpoints",))
     shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
-
-
-def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
-    """Steps done, tokens/s and the loss, shown by the main process (the others stay quiet)."""
-    from harness.progress import StageProgress
-
-    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
-    bar.update({"total": total - done})
-    return bar
 
 
 def _precision(cfg: TrainConfig) -> str:
@@ -491,14 +488,8 @@ def _open_log(acc: Any, cell_dir: Path, step: int) -> JsonlWriter | None:
         return None
     path = cell_dir / "train_log.jsonl"
     kept = [r for r in read_jsonl(path, repair=True) if r["step"] <= step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, jsonl_text(kept))
     return JsonlWriter(path)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ProcessLookupError):
-        return os.kill(pid, 0) is None
-    return False
 
 
 def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, merge: bool, method: str) -> None:
