@@ -412,6 +412,24 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     _console().print(f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}")
 
 
+@app.command()
+def view(
+    target: Annotated[
+        Path, typer.Argument(help="experiment YAML, or its results directory", show_default=False)
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default: analysis/viewer.html)")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
+    from harness import view as viewer
+
+    path = viewer.write(target, out)
+    typer.echo(
+        f"{path}  ({path.stat().st_size / 1e6:.2f} MB; open it in a browser, no server needed)"
+    )
+
+
 @sandbox_app.command("build")
 def sandbox_build(
     names: Annotated[
