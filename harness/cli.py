@@ -449,6 +449,18 @@ def view(
     )
 
 
+@app.command()
+def export(
+    config: ConfigArg,
+    out: Annotated[Path, typer.Option(help="directory to write (replaced whole if an export)")],
+) -> None:
+    """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
+    from harness import export as exporter
+
+    path, counts = exporter.run(_load(config), out, log=_log)
+    typer.echo(f"{path}  ({counts['files']} Parquet files, {counts['rows']} rows; card: README.md)")
+
+
 @sandbox_app.command("build")
 def sandbox_build(
     names: Annotated[

@@ -114,6 +114,20 @@ def _populate(exp: Experiment, store: Store) -> None:
                     )
                 summary = {"n_examples": len(train) + 1, "train_tokens": 90}
             elif c.kind == "traces":
+                w = cell.jsonl("traces.jsonl")
+                for n, it in enumerate(train):
+                    w.write(
+                        {
+                            "id": it.id,
+                            "sample": 0,
+                            "prompt": it.question,
+                            "gold": it.gold,
+                            "completion": f"{c.model} sample on {it.id}",
+                            "correct": n % 2 == 0,
+                            "strict": None if n % 3 else it.gold,
+                            "completion_tokens": 7,
+                        }
+                    )
                 summary = {"yield": 0.5, "n_items": N_TRAIN}
             cell.finish(summary)
 
