@@ -216,6 +216,7 @@ def run(
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
             _write_viewer(exp.root)
+            _track(exp, store)
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
     )
@@ -414,6 +415,15 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
             f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}"
         )
         _write_viewer(exp.root)
+        _track(exp, store)
+
+
+def _track(exp, store) -> None:
+    """Log the cells to the trackers `tracking:` turns on (MLflow, W&B offline); off by default."""
+    if exp.tracking.mlflow is not None or exp.tracking.wandb is not None:
+        from harness import tracking
+
+        tracking.log(exp, store, say=_log)
 
 
 def _write_viewer(root: Path) -> None:
