@@ -7,6 +7,7 @@ Skipped (with the reason) where mlflow is not installed (`pip install 'cotgap[tr
 
 from __future__ import annotations
 
+import json
 import re
 
 import pandas as pd
@@ -88,3 +89,21 @@ def test_mlflow_file_store_reads_back_every_cell(tmp_path) -> None:
     said.clear()
     tracking.log(exp, store, say=said.append)
     assert said[0].endswith(f"0 new run(s), {len(cells)} cell(s) logged before")
+
+
+def test_wandb_offline_run_holds_the_cells(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("wandb", reason="wandb not installed: pip install 'cotgap[tracking]'")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    exp = _experiment(tmp_path)
+    on = parse(Experiment, {**BASE, "tracking": {"wandb": {"project": "p"}}}, "x.yaml")
+    exp = exp.model_copy(update={"tracking": on.tracking})
+    store = Store(exp.root)
+    _populate(exp, store)
+    said: list[str] = []
+    tracking.log(exp, store, say=said.append)
+    runs = list((exp.root / "wandb").glob("wandb/offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb")), said
+    cells = [c for c in grids.expand(exp).unique() if store.complete(c.kind, c.key)]
+    table = next(runs[0].glob("files/media/table/cells_*.table.json"))
+    data = json.loads(table.read_text())["data"]
+    assert sorted(row[2] for row in data) == sorted(c.key for c in cells)
