@@ -213,6 +213,21 @@ def build(root: Path, data_dir: str | None = None) -> str:
             blocks[name] = _pack(_eval_block(ev, qs))
         return name
 
+    def training_block(dataset_key: str | None, post: dict) -> str | None:
+        """One block per training set (every seed's row shares it): its traces by test item."""
+        name = f"d-{dataset_key}"
+        if name in blocks:
+            return name
+        training = cells.training(dataset_key) if dataset_key else None
+        if training is not None:
+            examples, config = training
+            task = config.get("task", {})
+            train_qs = cells.question_texts(task.get("name"), "train", task.get("limit"))
+            test_qs = cells.question_texts(post["task"], post["split"], post["limit"])
+            test_qs = test_qs or dict.fromkeys(post["records"], "")
+            blocks[name] = _pack(_training_block(examples, test_qs, train_qs))
+        return name if training is not None else None
+
     distilled: dict[int, dict] = {}
     for n, r in enumerate(rows):
         if r[col["row_type"]] != "distilled":
@@ -229,17 +244,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
             eval_block(r[col["eval_key"]]),
         )
         row["teacher"] = eval_block(teacher_eval.get((r[col["task"]], r[col["teacher"]]), ""))
-        dataset_key = cells.dataset_of(r[col["adapter_key"]])
-        training = cells.training(dataset_key) if dataset_key else None
-        if training is not None:
-            name = f"d-{dataset_key}-{r[col['eval_key']]}"
-            examples, config = training
-            task = config.get("task", {})
-            train_qs = cells.question_texts(task.get("name"), "train", task.get("limit"))
-            test_qs = cells.question_texts(post["task"], post["split"], post["limit"])
-            test_qs = test_qs or dict.fromkeys(post["records"], "")
-            blocks[name] = _pack(_training_block(examples, test_qs, train_qs))
-            row["training"] = name
+        row["training"] = training_block(cells.dataset_of(r[col["adapter_key"]]), post)
         distilled[n] = row
 
     figures = []

@@ -263,3 +263,12 @@ def test_browser_clicks_to_the_lost_items(viewed, tmp_path: Path) -> None:
         if target := os.environ.get("COTGAP_VIEWER_SCREENSHOT"):
             b.screenshot(Path(target))
     assert (tmp_path / "viewer.png").stat().st_size > 10_000
+
+
+def test_demo_viewer_is_under_5_mb(tmp_path: Path) -> None:
+    """The `make demo` grid (results/sandbox) where it has been run here: its viewer stays small."""
+    root = REPO / "results" / "sandbox"
+    if not (root / "analysis" / "leaderboard.csv").exists():
+        pytest.skip(f"no demo analysis at {root} (run `make demo` first)")
+    path = view.write(root, tmp_path / "viewer.html")
+    assert path.stat().st_size < 5_000_000
