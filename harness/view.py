@@ -247,10 +247,15 @@ def build(root: Path, data_dir: str | None = None) -> str:
         row["training"] = training_block(cells.dataset_of(r[col["adapter_key"]]), post)
         distilled[n] = row
 
-    figures = []
-    for svg in sorted(analysis.glob("*.svg")):
-        figures.append({"name": svg.stem, "block": f"f-{svg.stem}"})
-        blocks[f"f-{svg.stem}"] = _pack(svg.read_text(encoding="utf-8"))
+    figures = []  # each plot's SVG; its PNG where an older analysis wrote no SVG
+    stems = sorted({p.stem for p in [*analysis.glob("*.svg"), *analysis.glob("*.png")]})
+    for stem in stems:
+        svg, png = analysis / f"{stem}.svg", analysis / f"{stem}.png"
+        if svg.exists():
+            blocks[f"f-{stem}"] = _pack(svg.read_text(encoding="utf-8"))
+        else:
+            blocks[f"f-{stem}"] = _pack(base64.b64encode(png.read_bytes()).decode("ascii"))
+        figures.append({"name": stem, "block": f"f-{stem}", "svg": svg.exists()})
     report = analysis / "report.md"
     if report.exists():
         blocks["report"] = _pack(report.read_text(encoding="utf-8"))
@@ -472,9 +477,10 @@ function renderItems(i, title, items, teacher, training) {
 async function figures() {
   const box = document.getElementById("figures");
   for (const f of IX.figures) {
-    const svg = await block(f.block);
-    box.append(el("img", {alt: f.name, title: f.name,
-      src: "data:image/svg+xml;charset=utf-8," + encodeURIComponent(svg)}));
+    const data = await block(f.block);
+    box.append(el("img", {alt: f.name, title: f.name, src: f.svg
+      ? "data:image/svg+xml;charset=utf-8," + encodeURIComponent(data)
+      : "data:image/png;base64," + data}));
   }
   if (IX.report) document.getElementById("report").textContent = await block(IX.report);
 }

@@ -272,3 +272,20 @@ def test_demo_viewer_is_under_5_mb(tmp_path: Path) -> None:
         pytest.skip(f"no demo analysis at {root} (run `make demo` first)")
     path = view.write(root, tmp_path / "viewer.html")
     assert path.stat().st_size < 5_000_000
+
+
+def test_an_analysis_without_svgs_shows_its_pngs(viewed, tmp_path: Path) -> None:
+    import base64
+    import shutil
+
+    exp, *_ = viewed
+    root = tmp_path / "toy"
+    shutil.copytree(exp.root, root)
+    for svg in (root / "analysis").glob("*.svg"):
+        svg.unlink()
+    index, blocks = view.embedded(view.build(root))
+    pngs = sorted(p.stem for p in (root / "analysis").glob("*.png"))
+    assert [f["name"] for f in index["figures"]] == pngs and pngs
+    for f in index["figures"]:
+        assert not f["svg"]
+        assert base64.b64decode(view.unpack(blocks[f["block"]])).startswith(b"\x89PNG")
