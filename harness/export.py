@@ -66,7 +66,15 @@ def _provenance(store: Store, cell: Cell) -> dict[str, Any]:
         e = config.get("evaluate", {})
         out["prompt_style"] = e.get("prompt_style")
         out["decoding"] = _decoding(e)
-    else:
+    else:  # a training set: how its teacher's traces were sampled, then how they were selected
+        traces = store.cell_dir("traces", str(config.get("teacher")))
+        if (traces / "config.yaml").exists():
+            g = yaml.safe_load((traces / "config.yaml").read_text(encoding="utf-8")).get(
+                "generate", {}
+            )
+            out["traces"] = f"cells/traces/{config.get('teacher')}"
+            out["prompt_style"] = g.get("prompt_style")
+            out["decoding"] = _decoding(g)
         out["filter"] = (
             f"regime {config.get('regime')}: correct, finished teacher traces"
             + (

@@ -77,7 +77,9 @@ def test_card_names_every_file_and_its_provenance(exported) -> None:
     traces = card.split("### `traces/")[1].split("###")[0]
     for needle in ("sandbox_coin_flip v", "prompt_style", "temperature=", "teacher", "git"):
         assert needle in traces
-    assert "regime per_teacher: correct, finished teacher traces" in card
+    train = card.split("### `train/")[1].split("###")[0]
+    for needle in ("regime per_teacher: correct, finished teacher traces", "prompt_style", "temperature="):
+        assert needle in train
 
 
 def test_out_holding_other_files_is_refused(exported, tmp_path: Path) -> None:
