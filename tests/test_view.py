@@ -289,3 +289,17 @@ def test_an_analysis_without_svgs_shows_its_pngs(viewed, tmp_path: Path) -> None
     for f in index["figures"]:
         assert not f["svg"]
         assert base64.b64decode(view.unpack(blocks[f["block"]])).startswith(b"\x89PNG")
+
+
+def test_cotgap_analyze_writes_the_viewer_and_prints_its_path(viewed) -> None:
+    import yaml
+
+    exp, path, *_ = viewed
+    cfg = exp.root.parent.parent / "toy.yaml"
+    cfg.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_none=True)))
+    path.unlink()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "harness", "analyze", str(cfg)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"viewer:      {path}" in done.stderr.replace("\n", "") and path.exists()
