@@ -449,11 +449,15 @@ def view(
     out: Annotated[
         Path | None, typer.Option(help="where to write (default: analysis/viewer.html)")
     ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="benchmark files, for the questions (default: the config's data_dir)"),
+    ] = None,
 ) -> None:
     """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
     from harness import view as viewer
 
-    path = viewer.write(target, out)
+    path = viewer.write(target, out, data_dir)
     typer.echo(
         f"{path}  ({path.stat().st_size / 1e6:.2f} MB; open it in a browser, no server needed)"
     )

@@ -292,10 +292,11 @@ def _cell_value(v: str) -> Any:
     return x if math.isfinite(x) else None
 
 
-def write(target: Path, out: Path | None = None) -> Path:
-    """Write the viewer (default `<results>/<experiment>/analysis/viewer.html`); returns its path."""
-    root, data_dir = resolve_root(target)
-    page = build(root, data_dir)
+def write(target: Path, out: Path | None = None, data_dir: Path | None = None) -> Path:
+    """Write the viewer (default `<results>/<experiment>/analysis/viewer.html`); returns its path.
+    `data_dir` (else the config's) is where questions of file-sourced tasks are read."""
+    root, config_data_dir = resolve_root(target)
+    page = build(root, str(data_dir) if data_dir else config_data_dir)
     path = out or root / "analysis" / "viewer.html"
     atomic_write_text(path, page)
     return path
