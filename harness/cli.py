@@ -215,7 +215,7 @@ def run(
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
-            _write_viewer(exp.root)
+            _console().print(_write_viewer(exp.root))
             _track(exp, store)
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
@@ -411,11 +411,10 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     store = Store(exp.root)
     with store.lock(timeout=wait):
         out = analysis.run(exp, store)
-        _console().print(
-            f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}"
-        )
-        _write_viewer(exp.root)
+        viewer = _write_viewer(exp.root)
         _track(exp, store)
+    _console().print(f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}")
+    _console().print(viewer)
 
 
 def _track(exp, store) -> None:
@@ -426,19 +425,18 @@ def _track(exp, store) -> None:
         tracking.log(exp, store, say=_log)
 
 
-def _write_viewer(root: Path) -> None:
-    """The HTML viewer next to the fresh analysis (seconds); a problem with it is a warning, since
-    the analysis itself is complete."""
+def _write_viewer(root: Path) -> str:
+    """The HTML viewer next to the fresh analysis (seconds), and the line that names it; a problem
+    with it is a warning, since the analysis itself is complete."""
+    from rich.markup import escape
+
     from harness import view
 
     try:
         path = view.write(root)
     except UserError as e:
-        _log(f"viewer not written: {e} (`cotgap view {root}` retries)")
-        return
-    _console().print(
-        f"viewer:      {path} ({path.stat().st_size / 1e6:.2f} MB, opens from file://)"
-    )
+        return escape(f"viewer:      not written: {e} (`cotgap view {root}` retries)")
+    return escape(f"viewer:      {path} ({path.stat().st_size / 1e6:.2f} MB, opens from file://)")
 
 
 @app.command()
