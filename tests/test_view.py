@@ -303,3 +303,20 @@ def test_cotgap_analyze_writes_the_viewer_and_prints_its_path(viewed) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"viewer:      {path}" in done.stderr.replace("\n", "") and path.exists()
+
+
+def test_a_row_whose_eval_is_not_computed_says_so(viewed, tmp_path: Path) -> None:
+    import shutil
+
+    exp, *_ = viewed
+    root = tmp_path / "toy"
+    shutil.copytree(exp.root, root)
+    board = pd.read_csv(root / "analysis" / "leaderboard.csv")
+    n = board[board.row_type == "distilled"].index[0]
+    (root / "cells" / "eval" / board.eval_key[n] / "manifest.json").unlink()  # now incomplete
+    index, blocks = view.embedded(view.build(root))
+    assert index["distilled"][str(n)] == {
+        "task": TASK,
+        "missing": "the baseline or distilled eval cell is not computed yet",
+    }
+    assert f"e-{board.eval_key[n]}" not in blocks
