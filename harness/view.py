@@ -272,7 +272,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         "notes": cells.notes,
     }
     scripts = "\n".join(
-        f'<script type="application/gzip" id="{html.escape(k)}">{v}</script>'
+        f'<script type="application/gzip" id="b-{html.escape(k)}">{v}</script>'
         for k, v in blocks.items()
     )
     index_json = json.dumps(index, ensure_ascii=False).replace("</", "<\\/")
@@ -312,7 +312,7 @@ def embedded(page: str) -> tuple[dict, dict[str, str]]:
         .replace("<\\/", "</")
     )
     blocks = dict(
-        re.findall(r'<script type="application/gzip" id="([^"]+)">([^<]*)</script>', page)
+        re.findall(r'<script type="application/gzip" id="b-([^"]+)">([^<]*)</script>', page)
     )
     return index, blocks
 
@@ -355,7 +355,7 @@ const IX = JSON.parse(document.getElementById("index").textContent);
 const cache = {};
 async function block(name) {
   if (!(name in cache)) {
-    const b64 = document.getElementById(name).textContent;
+    const b64 = document.getElementById("b-" + name).textContent;  // "b-": apart from the page's ids
     const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
     const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
     cache[name] = JSON.parse(await new Response(stream).text());

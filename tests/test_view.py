@@ -244,6 +244,10 @@ def test_browser_clicks_to_the_lost_items(viewed, tmp_path: Path) -> None:
     expected = _flips_from_files(exp.root, board.baseline_key[row], board.eval_key[row])["lost"]
     with Browser.start(binary) as b:
         b.open(path.as_uri())
+        b.wait_for("document.getElementById('report').textContent.includes('#')")  # report.md
+        n_figures = len(index["figures"])
+        b.wait_for(f"document.querySelectorAll('#figures img').length === {n_figures}")
+        assert b.js("[...document.querySelectorAll('#figures img')].every(i => i.naturalWidth > 0)")
         b.click(f'tr.distilled[data-row="{row}"]')
         b.click("#flip-lost")
         b.wait_for("document.querySelector('#flip-lost.on') !== null")
