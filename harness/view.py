@@ -135,7 +135,7 @@ class _Cells:
         return read_jsonl(d / "examples.jsonl"), config
 
 
-def _eval_block(ev: dict, questions: dict[str, str]) -> dict:
+def _eval_block(ev: dict) -> dict:
     """One eval cell for the page: per item [answer, correct, completion, truncated, gold]."""
     h = ev["headline"]
     rows = {
@@ -148,7 +148,7 @@ def _eval_block(ev: dict, questions: dict[str, str]) -> dict:
         ]
         for i, r in ev["records"].items()
     }
-    return {"headline": h, "items": rows, "questions": {i: questions.get(i) for i in rows}}
+    return {"headline": h, "items": rows}
 
 
 def _training_block(
@@ -209,8 +209,14 @@ def build(root: Path, data_dir: str | None = None) -> str:
             return None
         name = f"e-{key}"
         if name not in blocks:
-            qs = cells.question_texts(ev["task"], ev["split"], ev["limit"])
-            blocks[name] = _pack(_eval_block(ev, qs))
+            blocks[name] = _pack(_eval_block(ev))
+        return name
+
+    def questions_block(ev: dict) -> str:
+        """One block per task split: every eval of it shares the question texts."""
+        name = f"q-{ev['task']}-{ev['split']}-{ev['limit']}"
+        if name not in blocks:
+            blocks[name] = _pack(cells.question_texts(ev["task"], ev["split"], ev["limit"]))
         return name
 
     def training_block(dataset_key: str | None, post: dict) -> str | None:
@@ -243,6 +249,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
             eval_block(r[col["baseline_key"]]),
             eval_block(r[col["eval_key"]]),
         )
+        row["questions"] = questions_block(post)
         row["teacher"] = eval_block(teacher_eval.get((r[col["task"]], r[col["teacher"]]), ""))
         row["training"] = training_block(cells.dataset_of(r[col["adapter_key"]]), post)
         distilled[n] = row
@@ -427,10 +434,11 @@ async function openRow(i, flip) {
   const [base, post] = [await block(d.base), await block(d.post)];
   const teacher = d.teacher ? await block(d.teacher) : null;
   const training = d.training ? await block(d.training) : null;
+  const questions = await block(d.questions);
   const items = Object.keys(post.items).filter(id => id in base.items).map(id => {
     const b = base.items[id], p = post.items[id];
     const f = b[1] === p[1] ? (p[1] ? "both_right" : "both_wrong") : (p[1] ? "gained" : "lost");
-    return {id, b, p, f, q: post.questions[id] ?? base.questions[id]};
+    return {id, b, p, f, q: questions[id]};
   });
   renderItems(i, title, items, teacher, training);
 }

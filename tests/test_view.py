@@ -184,7 +184,8 @@ def test_embedded_counts_equal_the_predictions_files(viewed) -> None:
         base, post = view.unpack(blocks[entry["base"]]), view.unpack(blocks[entry["post"]])
         lost = {i for i, p in post["items"].items() if base["items"][i][1] and not p[1]}
         assert lost == files["lost"]
-        assert all(post["questions"][i] for i in post["items"])  # the sandbox questions load
+        questions = view.unpack(blocks[entry["questions"]])  # the sandbox questions load
+        assert set(questions) == set(post["items"]) and all(questions.values())
 
 
 def test_training_traces_are_matched_by_item(viewed) -> None:
@@ -254,6 +255,11 @@ def test_browser_clicks_to_the_lost_items(viewed, tmp_path: Path) -> None:
         shown = b.js("[...document.querySelectorAll('#item-table tr.item')].map(r => r.dataset.id)")
         assert set(shown) == expected and len(shown) == len(expected) == FLIPS["t_b"][1]
         assert b.js("document.getElementById('item-count').textContent") == str(len(expected))
+        first = load_items(TASK, "test", None, N_TEST)[0]
+        assert shown[0] == first.id
+        assert b.js(
+            "document.querySelector('#item-table tr.item td:nth-child(2)').textContent"
+        ) == (first.question)
         b.click("#item-table tr.item")  # the first lost item: its completions one click away
         detail = b.wait_for("document.querySelector('#item-table tr.detail')?.innerText")
         assert f"baseline stu on {shown[0]}" in detail and f"distilled stu on {shown[0]}" in detail
