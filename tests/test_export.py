@@ -78,7 +78,11 @@ def test_card_names_every_file_and_its_provenance(exported) -> None:
     for needle in ("sandbox_coin_flip v", "prompt_style", "temperature=", "teacher", "git"):
         assert needle in traces
     train = card.split("### `train/")[1].split("###")[0]
-    for needle in ("regime per_teacher: correct, finished teacher traces", "prompt_style", "temperature="):
+    for needle in (
+        "regime per_teacher: correct, finished teacher traces",
+        "prompt_style",
+        "temperature=",
+    ):
         assert needle in train
 
 
