@@ -28,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -242,6 +243,35 @@ class RayConfig(Strict):
     max_retries: int = Field(2, ge=0)
 
 
+class MlflowTracking(Strict):
+    uri: str = Field(
+        "file:mlruns",
+        description="local file store (no server); a relative path is under <results_dir>/<name>",
+    )
+    experiment: str | None = Field(None, description="MLflow experiment name (default: the grid's)")
+
+    @field_validator("uri")
+    @classmethod
+    def _file_store(cls, uri: str) -> str:
+        if not uri.startswith("file:"):
+            raise ValueError(f"{uri!r} is not a local file store; give file:<directory>")
+        return uri
+
+
+class WandbTracking(Strict):
+    project: str = Field("cotgap", min_length=1)
+    dir: str = Field(
+        "wandb", description="offline run files; a relative path is under <results_dir>/<name>"
+    )
+
+
+class TrackingConfig(Strict):
+    """Off unless a section is given: `tracking: {mlflow: {}}` logs every complete cell."""
+
+    mlflow: MlflowTracking | None = None
+    wandb: WandbTracking | None = None
+
+
 class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     results_dir: str = Field("results", description="relative to the experiment YAML file")
@@ -256,6 +286,7 @@ class Experiment(Strict):
     evaluate: EvalConfig = EvalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     screen: ScreenConfig | None = None
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="before")
     @classmethod
