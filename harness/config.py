@@ -184,7 +184,8 @@ class TrainConfig(Strict):
     def _one_budget(self) -> TrainConfig:
         if (self.max_steps is None) == (self.epochs is None):
             raise ValueError("set exactly one of max_steps or epochs (the training budget)")
-        if self.teachers_per_student == "all" and "top_k" in self.model_fields_set:
+        # (a value, not "was it given": a config dumped and read back gives every field)
+        if self.teachers_per_student == "all" and self.top_k != 1:
             raise ValueError("top_k is used only with teachers_per_student: top_k")
         if (self.filter_by is None) != (self.filter_drop == 0):
             raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
