@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, regimes, scoring, selection, stats
+from harness import answers, models, regimes, scoring, screening, selection, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -71,6 +71,7 @@ COLUMNS: dict[str, str] = {
     "(1 = best), e.g. 1-2",
     "seed_sd": "SD of post_acc across training seeds of this (task, student, teacher, regime) "
     "(empty with one seed): the seed-to-seed noise floor",
+    "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
 _DTYPES = {
     "seed": "Int64",
@@ -106,6 +107,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     tmp.mkdir(parents=True)
     try:
         atomic_write_text(tmp / "leaderboard.csv", board.to_csv(index=False))
+        result["screening"] = screening.write(tmp, exp, store, board)
         atomic_write_json(tmp / "analysis.json", jsonable(result))
         report.write(tmp, exp, board, result)
         _swap_in(tmp, out)
@@ -279,6 +281,7 @@ def leaderboard(
                     of = teachers.get((task, teacher), {"task": task, "teacher": teacher})
                     rows.append({**_teacher_columns(of), **row})
     board = pd.DataFrame(rows)
+    board["screened_out"] = board["adapter_key"].map(screening.screened_out(grid, store))
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)

@@ -6,12 +6,12 @@
     >>> equivalent("number", "0.17", "1/6")
     True
 
-Each extractor reads a completion twice. `strict` accepts only an explicit answer statement
-("The answer is X", "Answer: X", "#### X", or a \\boxed{X}), the last one in the text whose value
-parses; `flexible` takes the last candidate of the answer's type anywhere in the text. A failed
-parse is None, never a guess. Extractors never raise and run in linear time on any input.
-Bump an extractor's `version` whenever its output can change: traces and eval cells scored by an
-earlier version are re-scored from their completions where they are read (never regenerated).
+Each extractor reads a completion twice (`Extractor`): `strict` from the last explicit answer
+statement only ("The answer is X", "Answer: X", "#### X", \\boxed{X}), `flexible` from earlier ones
+too, and with no statement at all from the last candidate of the type anywhere. A failed parse is
+None, never a guess. Extractors never raise and run in linear time on any input. Bump an
+extractor's `version` whenever its output can change: traces and eval cells scored by an earlier
+version are re-scored from their completions where they are read (never regenerated).
 """
 
 from __future__ import annotations
@@ -21,22 +21,15 @@ import json
 import re
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from harness.errors import UserError
 
 ANSWER_TYPES = (
-    "number",
-    "math",
-    "choice",
-    "yes_no",
-    "true_false",
-    "valid_invalid",
-    "string",
-    "date",
-)
+    "number", "math", "choice", "yes_no", "true_false", "valid_invalid", "string", "date",
+)  # fmt: skip
 
 Choices = Sequence[str] | None
 
@@ -59,11 +52,7 @@ _PHRASE = re.compile(
     r"(?:\s+(?:to|for)\s+(?:the|this|that|your|our)\s+(?:question|problem|riddle|puzzle|task))?"
     r"(?:\s*\([^()\n]{0,60}\))?"  # Zero-shot-CoT's "answer (arabic numerals) is"
     r"[\"'*_]*"  # "**Answer**:", JSON "answer":
-    r"(?P<conn>\s+(?:is|are|was|were|(?:"
-    + _MODAL
-    + r"(?:\s+"
-    + _ADVERB
-    + r")?\s+be))\b(?:\s*[:,])?"
+    rf"(?P<conn>\s+(?:is|are|was|were|(?:{_MODAL}(?:\s+{_ADVERB})?\s+be))\b(?:\s*[:,])?"
     r"(?!\s*(?:correct|right|wrong|incorrect|reasonable|consistent|confirmed|verified|valid\s+because|"
     r"different|unchanged|accurate|plausible|sensible|logical|satisfactory|based|derived|"
     r"obtained|calculated|determined|explained|justified|supported|shown)\b"
@@ -103,11 +92,6 @@ def _before_next_turn(text: str) -> str:
     return text[: m.start()] if m and text[: m.start()].strip() else text
 
 
-def scored_text(text: str) -> str:
-    """What extraction reads: after the last </think>, up to a new "Q:" turn the model invented."""
-    return _before_next_turn(final_segment(text))
-
-
 def _braced(text: str, start: int) -> str | None:
     """Content of a brace group whose `{` ends just before `start`, or None if unclosed (bounded)."""
     depth = 1
@@ -121,22 +105,13 @@ def _braced(text: str, start: int) -> str | None:
 
 def last_boxed(text: str) -> str | None:
     """Content of the last closed \\boxed{...} or \\fbox{...} (brace-matched), or None."""
-    starts = deque((m.end() for m in _BOXED.finditer(text)), maxlen=_MAX_MARKERS)
-    for start in reversed(starts):
-        content = _braced(text, start)
-        if content is not None:
-            return content
-    return None
+    return _newest(_BOXED.finditer(text), lambda m: _braced(text, m.end()), _MAX_MARKERS)
 
 
 def _value_line(span: str) -> str:
     """The first line of a statement's span; the next non-empty one when the statement ends its
     line ("The answer is:\\n\\n**42**", '>> FINAL ANSWER:\\n\\"\\"\\"\\n5')."""
-    lines = span.split("\n", 4)
-    for line in lines[:4]:
-        if line.strip(_DECOR + ":"):
-            return line
-    return ""
+    return next((line for line in span.split("\n", 4)[:4] if line.strip(_DECOR + ":")), "")
 
 
 _JSON_STRING = re.compile(r'\s*("(?:[^"\\\n]|\\.){0,1000}")')
@@ -179,11 +154,8 @@ def _statements(text: str, bare_ok: bool) -> list[Statement]:
         else:
             continue
         span = text[m.end() : m.end() + _SPAN_CHARS]
-        found.append(
-            Statement(
-                m.start(), rule, _json_value(span) if rule == "json_answer" else _value_line(span)
-            )
-        )
+        value = _json_value(span) if rule == "json_answer" else _value_line(span)
+        found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
     for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
         content = _braced(text, m.end())
@@ -224,24 +196,11 @@ def _first_sentence(span: str) -> str:
 
 _NUM = r"(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+"
 _CURRENCY = r"(?:[$£€¥₹]\s?|(?:USD|Rs\.?|INR)\s?)?"
-_NUMBER = re.compile(
-    r"(?<![\w.,/])(?P<sign>[-−]?)"
-    + _CURRENCY
-    + r"(?P<num>"
-    + _NUM
-    + r")(?:\s?/\s?(?P<den>"
-    + _NUM
-    + r"))?(?![0-9/])"
-)
+_SIGNED = rf"(?P<sign>[-−]?){_CURRENCY}(?P<num>{_NUM})(?:\s?/\s?(?P<den>{_NUM}))?"  # -$1,080, 3/4
+_NUMBER = re.compile(rf"(?<![\w.,/]){_SIGNED}(?![0-9/])")
 _NUMBER_AT = re.compile(
     r"[\s*_`'\"“”‘’:=(\[]*(?:(?:approximately|about|around|roughly|exactly|only|just|nearly|almost)\s+)?"
-    r"(?:[a-zA-Z]\s*=\s*)?(?P<sign>[-−]?)"
-    + _CURRENCY
-    + r"(?P<num>"
-    + _NUM
-    + r")(?:\s?/\s?(?P<den>"
-    + _NUM
-    + r"))?(?![0-9])"
+    rf"(?:[a-zA-Z]\s*=\s*)?{_SIGNED}(?![0-9])"
 )
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[0-9.,]+)\s*\}\s*\{\s*(-?[0-9.,]+)\s*\}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]{0,200})\}")
@@ -265,9 +224,7 @@ def _fraction(text: str) -> Fraction | None:
     if not s or sum(c.isdigit() for c in s) > _MAX_DIGITS:
         return None
     num, _, den = s.partition("/")
-    if not re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", num):
-        return None
-    if den and not re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", den):
+    if not all(re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", p) for p in (num, den or "0")):
         return None
     value = Fraction(num)
     if den:
@@ -365,13 +322,19 @@ def _number_at(span: str, choices: Choices = None) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-def _number_last(text: str, choices: Choices = None) -> str | None:
-    tail = deque(_NUMBER.finditer(_delatex(text)), maxlen=_MAX_CANDIDATES)
-    for m in reversed(tail):
-        value = _number_from(m)
+def _newest(
+    matches: Iterable[re.Match], read: Callable[[re.Match], str | None], keep: int = _MAX_CANDIDATES
+) -> str | None:
+    """The value of the newest match that reads as one, of the last `keep` matches."""
+    for m in reversed(deque(matches, maxlen=keep)):
+        value = read(m)
         if value is not None:
             return value
     return None
+
+
+def _number_last(text: str, choices: Choices = None) -> str | None:
+    return _newest(_NUMBER.finditer(_delatex(text)), _number_from)
 
 
 def _number_equivalent(pred: str, gold: str) -> bool:
@@ -419,6 +382,11 @@ def _norm_text(text: str) -> str:
     return " ".join(text.split())
 
 
+def _as_option(text: str) -> str:
+    """A pattern of an option's text as a whole (not inside a word or a number)."""
+    return rf"(?<![\w.]){re.escape(text)}(?![\w]|\.[0-9])"
+
+
 def _find_option(said: str, options: Sequence[str]) -> str | None:
     """The option whose text occurs last in `said` (the longer one when two end together)."""
     best: tuple[int, int] = (-1, 0)
@@ -426,9 +394,7 @@ def _find_option(said: str, options: Sequence[str]) -> str | None:
     for i, option in enumerate(options[: len(LETTERS)]):
         if not option:
             continue
-        ends = [
-            m.end() for m in re.finditer(rf"(?<![\w.]){re.escape(option)}(?![\w]|\.[0-9])", said)
-        ]
+        ends = [m.end() for m in re.finditer(_as_option(option), said)]
         if not ends:
             continue
         key = (ends[-1], len(option))
@@ -444,21 +410,14 @@ def _option_number(text: str, choices: Sequence[str]) -> str | None:
     value = _fraction(text) if text else None
     if value is None:
         return None
-    hits = []
-    for i, option in enumerate(choices[: len(LETTERS)]):
-        m = _NUMBER_AT.match(_delatex(option))
-        if m and _fraction(_number_from(m) or "") == value:
-            hits.append(i)
+    starts = [_NUMBER_AT.match(_delatex(option)) for option in choices[: len(LETTERS)]]
+    hits = [i for i, m in enumerate(starts) if m and _fraction(_number_from(m) or "") == value]
     return LETTERS[hits[0]] if len(hits) == 1 else None
 
 
 def _named_options(said: str, options: Sequence[str]) -> set[int]:
     """Indices of the options whose (normalised) text occurs in `said`."""
-    named = {
-        i
-        for i, o in enumerate(options)
-        if o and re.search(rf"(?<![\w.]){re.escape(o)}(?![\w]|\.[0-9])", said)
-    }
+    named = {i for i, o in enumerate(options) if o and re.search(_as_option(o), said)}
     # "blue ball" inside a named "dark blue ball" is not a second answer; nor is a repeated text.
     named = {i for i in named if not any(j != i and options[i] in options[j] for j in named)}
     return named if len({options[i] for i in named}) == len(named) else set()
@@ -480,10 +439,8 @@ def _option_in(sentence: str, choices: Sequence[str]) -> str | None:
 
 _LETTER_TOKEN = r"(?:(?i:option|choice)\s+)?(?:\([A-Ra-r]\)|(?<![\w(])[A-HJ-R](?![\w'’(-]))"
 _SEVERAL_LETTERS = re.compile(
-    _LETTER_TOKEN
-    + r"(?:\s*(?:,|/|&|\band/or\b|\band\b|\bor\b|\bas\s+well\s+as\b)\s*(?:both\s+|either\s+)?"
-    + _LETTER_TOKEN
-    + r")+"
+    rf"{_LETTER_TOKEN}(?:\s*(?:,|/|&|\band/or\b|\band\b|\bor\b|\bas\s+well\s+as\b)\s*"
+    rf"(?:both\s+|either\s+)?{_LETTER_TOKEN})+"
 )
 
 
@@ -499,9 +456,8 @@ def _several_choices(span: str, choices: Choices = None) -> str | None:
             i = LETTERS.find(m.group(1).upper())
             rest = sentence[m.end() :]
             if 0 <= i < len(choices) and choices[i] and rest.lower().startswith(choices[i].lower()):
-                nxt = re.match(
-                    r"\s*[,;]?\s*(?:and\s+|or\s+)?\(?([A-Ra-r])\)", rest[len(choices[i]) :]
-                )
+                after = rest[len(choices[i]) :]
+                nxt = re.match(r"\s*[,;]?\s*(?:and\s+|or\s+)?\(?([A-Ra-r])\)", after)
                 if nxt and nxt.group(1).upper() != m.group(1).upper():
                     return f"({m.group(1).upper()}), ({nxt.group(1).upper()})"
     if choices and not _CHOICE_AT.match(_unhedged(span)):
@@ -526,14 +482,10 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
     m = _LAST_LINE_LETTER.search(text.rstrip()[-_SPAN_CHARS:])
     if m and _valid_letter(m.group(1), choices):
         return m.group(1)
-    for m in reversed(deque(_CHOICE_ANY.finditer(text), maxlen=_MAX_CANDIDATES)):
-        letter = _valid_letter(
-            m.group("p") or m.group("c") or m.group("a") or m.group("s"), choices
-        )
-        if letter:
-            return letter
-    if not choices:
-        return None
+    # one named group of _CHOICE_ANY holds the letter: the one its alternative has
+    letter = _newest(_CHOICE_ANY.finditer(text), lambda m: _valid_letter(m[m.lastgroup], choices))
+    if letter or not choices:
+        return letter
     return _find_option(_norm_text(text), [_norm_text(c) for c in choices]) or _option_number(
         _number_last(text) or "", choices
     )
@@ -542,12 +494,19 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
 # --- yes/no, true/false, valid/invalid ----------------------------------------------------------------
 
 
-def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable, ...]:
-    """Readers of a two-word answer type. `punctuated` (yes/no): found outside a statement, the
-    word counts only when punctuation or the end follows it ("Yes, it is...", not "no one")."""
-    alt = "|".join(words)
+_WORDS = {
+    "yes_no": ("yes", "no"),
+    "true_false": ("true", "false"),
+    "valid_invalid": ("valid", "invalid"),
+}
+
+
+def _word_extractor(kind: str) -> Extractor:
+    """The extractor of a two-word answer type. For yes/no, a word found outside a statement
+    counts only when punctuation or the end follows it ("Yes, it is...", not "no one")."""
+    alt = "|".join(_WORDS[kind])
     at = re.compile(r"[\s*_`'\"“”‘’:=(\[]*(?i:(" + alt + r"))\b")
-    follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if punctuated else ""
+    follow = r"(?=\s*(?:[,.!;:)\]*\"'”]|$))" if kind == "yes_no" else ""
     anywhere = re.compile(r"(?i:\b(" + alt + r")\b" + follow + ")")
     # "yes or no", "yes/no", "neither yes nor no", "partially yes and partially no"; not "yes,
     # and no one minds" (a determiner "no")
@@ -573,7 +532,7 @@ def _word_extractors(words: tuple[str, str], punctuated: bool) -> tuple[Callable
             return f"{m.group(1).lower()}, {m.group(2).lower()}"
         return None
 
-    return parse_at, last, several
+    return Extractor(kind, 2, (kind,), parse_at, last, several=several)
 
 
 # --- free strings --------------------------------------------------------------------------------------
@@ -585,9 +544,8 @@ _QUOTED = re.compile(r"\"([^\"\n]{1,300})\"|“([^”\n]{1,300})”")
 def canonical_string(text: str) -> str | None:
     """Lowercase, no surrounding quotes or markdown, no final period, single spaces."""
     s, prev = " ".join(text.split()).lower(), None
-    while (
-        s != prev
-    ):  # to a fixed point, so canonical_string(canonical_string(x)) == canonical_string(x)
+    # to a fixed point, so canonical_string(canonical_string(x)) == canonical_string(x)
+    while s != prev:
         prev, s = s, s.strip(_STRIP).rstrip(".,;:!")
     return s if s and len(s) <= _SPAN_CHARS else None
 
@@ -621,9 +579,7 @@ def _string_key(s: str) -> str:
 
 def _date_text(m: re.Match) -> str | None:
     month, day, year = int(m.group(1)), int(m.group(2)), int(m.group(3))
-    if not (1 <= month <= 12 and 1 <= day <= 31):
-        return None
-    return f"{month:02d}/{day:02d}/{year:04d}"
+    return f"{month:02d}/{day:02d}/{year:04d}" if 1 <= month <= 12 and 1 <= day <= 31 else None
 
 
 def canonical_date(text: str) -> str | None:
@@ -638,11 +594,7 @@ def _date_at(span: str, choices: Choices = None) -> str | None:
 
 
 def _date_last(text: str, choices: Choices = None) -> str | None:
-    for m in reversed(deque(_DATE.finditer(text), maxlen=_MAX_CANDIDATES)):
-        value = _date_text(m)
-        if value:
-            return value
-    return None
+    return _newest(_DATE.finditer(text), _date_text)
 
 
 # --- LaTeX answers (MATH) ----------------------------------------------------------------------------
@@ -735,11 +687,7 @@ class Reading:
     reason: str | None = None
 
     def fields(self, prefix: str) -> dict[str, str | None]:
-        return {
-            f"{prefix}_rule": self.rule,
-            f"{prefix}_span": self.span,
-            f"{prefix}_reason": self.reason,
-        }
+        return {f"{prefix}_{k}": getattr(self, k) for k in ("rule", "span", "reason")}
 
 
 def _clip(span: str) -> str:
@@ -790,10 +738,10 @@ class Extractor:
         else:
             st = statements[-1]
             several = self.several(st.span, choices)
-            value = None if several else self._value(st, choices)
             if several:
                 reason = f"several answers named: {several}"
                 return (Reading(None, st.rule, _clip(st.span), reason),) * 2
+            value = self._value(st, choices)
             if value is not None:
                 strict = Reading(value, st.rule, _clip(st.span))
                 return strict, strict
@@ -818,23 +766,13 @@ class Extractor:
         return self.read(text, choices)[1].value
 
 
-_yes_no = _word_extractors(("yes", "no"), punctuated=True)
-_true_false = _word_extractors(("true", "false"), punctuated=False)
-_valid_invalid = _word_extractors(("valid", "invalid"), punctuated=False)
-
 EXTRACTORS: dict[str, Extractor] = {
     "number": Extractor("number", 2, ("number",), _number_at, _number_last),
     "math": Extractor("math", 2, ("math", "number"), _math_at, _math_last, boxed_first=True),
     "choice": Extractor(
         "choice", 2, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
     ),
-    "yes_no": Extractor("yes_no", 2, ("yes_no",), *_yes_no[:2], several=_yes_no[2]),
-    "true_false": Extractor(
-        "true_false", 2, ("true_false",), *_true_false[:2], several=_true_false[2]
-    ),
-    "valid_invalid": Extractor(
-        "valid_invalid", 2, ("valid_invalid",), *_valid_invalid[:2], several=_valid_invalid[2]
-    ),
+    **{kind: _word_extractor(kind) for kind in _WORDS},
     "string": Extractor("string", 3, ("string",), _string_at, _string_last),
     "date": Extractor("date", 2, ("date",), _date_at, _date_last),
 }
@@ -864,12 +802,9 @@ def canonical(answer_type: str, raw: object) -> str | None:
     if answer_type == "choice":
         m = re.fullmatch(r"[\s(\[]*([A-Ra-r])[\s)\].]*", text)
         return m.group(1).upper() if m else None
-    if answer_type in ("yes_no", "true_false", "valid_invalid"):
-        words = {"yes_no": ("yes", "no"), "true_false": ("true", "false")}.get(
-            answer_type, ("valid", "invalid")
-        )
+    if answer_type in _WORDS:
         word = text.strip(_STRIP + ".").lower()
-        return word if word in words else None
+        return word if word in _WORDS[answer_type] else None
     if answer_type == "string":
         return canonical_string(text)
     if answer_type == "date":

@@ -7,8 +7,9 @@ A kind names an artefact, a stage the verb that computes it, a phase its positio
     1      generate  traces    a teacher's CoT samples on a task's train split
     2      evaluate  eval      a teacher or a student baseline on the test split (no adapter)
     3      train     dataset   the examples a regime selects from teacher traces
-    4      train     adapter   a student fine-tuned on a dataset, one per seed
-    5      evaluate  eval      a distilled student (an adapter) on the test split
+    4      screen    screen    the student's signals on a dataset, no training (with `screen:`)
+    5      train     adapter   a student fine-tuned on a dataset, one per seed
+    6      evaluate  eval      a distilled student (an adapter) on the test split
 
 A spec carries its identity (`config`, what its key hashes, with the engine or package versions),
 its inputs (`upstream` keys), and the typed names a reader needs (model, task, role, teacher,
@@ -28,19 +29,37 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
 from harness import answers, models, regimes
-from harness.config import EvalConfig, Experiment, TrainConfig, canonical
+from harness.config import EvalConfig, Experiment, ScreenConfig, TrainConfig, canonical
 from harness.store import cell_key, package_versions, vllm_version
 
-KINDS = ("traces", "eval", "dataset", "adapter")
-STAGES = ("generate", "train", "evaluate")
-STAGE_OF_KIND = {"traces": "generate", "dataset": "train", "adapter": "train", "eval": "evaluate"}
+KINDS = ("traces", "eval", "dataset", "screen", "adapter")
+STAGES = ("generate", "train", "evaluate", "screen")
+STAGE_OF_KIND = {
+    "traces": "generate",
+    "dataset": "train",
+    "screen": "screen",
+    "adapter": "train",
+    "eval": "evaluate",
+}
 PHASES = {  # phase -> (stage, title)
     0: ("evaluate", "task pre-selection"),  # only with `select:`
     1: ("generate", "teacher traces"),
     2: ("evaluate", "teacher and baseline evals"),
     3: ("train", "training sets"),
-    4: ("train", "LoRA adapters"),
-    5: ("evaluate", "distilled evals"),
+    4: ("screen", "student-side screens of the training sets"),
+    5: ("train", "LoRA adapters"),
+    6: ("evaluate", "distilled evals"),
+}
+SCREEN_VERSION = 1  # bump when a signal's definition (harness/screen.py) changes
+SCREEN_SIGNALS = ("nll", "mean_rank", "median_rank", "rsr", "top1", "top5")  # harness/screen.py
+SCREEN_DIRECTION = {  # +1: a higher value predicts more gain; fixed before any result was seen
+    "nll": -1,
+    "mean_rank": -1,
+    "median_rank": -1,
+    "rsr": -1,  # arXiv 2601.14249: low rank for surprising tokens
+    "top1": 1,
+    "top5": 1,
+    "local_nll": -1,  # arXiv 2510.03988: high local naturalness (log-probability) is better
 }
 TRAIN_PACKAGES = ("torch", "transformers", "peft", "accelerate")
 Role = Literal["teacher", "baseline", "distilled", "adhoc", "select"]
@@ -123,7 +142,7 @@ class Eval(Cell):
     def phase(self) -> int:  # type: ignore[override]
         if self.role == "select":
             return 0
-        return 5 if self.upstream else 2
+        return 6 if self.upstream else 2
 
     def eval_config(self, exp: Experiment) -> EvalConfig:
         """The eval config the cell is scored under: the experiment's, or the selection's."""
@@ -193,6 +212,9 @@ class Dataset(_Distilling):
     phase: ClassVar[int] = 3
 
     def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
+        if "filter" in self.config:  # per-item filtering runs the student: one device
+            r = super().resources(exp, gpus_available)
+            return {**r, "gpus": min(r["gpus"], 1.0)}
         return {"gpus": 0.0, "cpus": 1.0, "memory_gb": 0.0}  # selection and tokenization only
 
     @classmethod
@@ -227,11 +249,38 @@ class Dataset(_Distilling):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Screen(_Distilling):
+    """The student's signals (NLL, token ranks) on a dataset's examples (`upstream[0]`): one
+    forward pass, no training. In the grid only when the experiment has a `screen:` section."""
+
+    kind: ClassVar[str] = "screen"
+    phase: ClassVar[int] = 4
+
+    def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
+        r = super().resources(exp, gpus_available)
+        return {**r, "gpus": min(r["gpus"], 1.0)}  # one forward pass: a single device
+
+    @classmethod
+    def of(cls, exp: Experiment, ident: dict, dataset: Dataset) -> Screen:
+        # float32 on every device, so that a screen's numbers do not depend on the machine
+        config = {"student": ident, "version": SCREEN_VERSION, "dtype": "float32"}
+        screen = exp.screen or ScreenConfig()
+        if screen.max_examples is not None:
+            config["max_examples"] = screen.max_examples
+        if screen.local_window:
+            config["local_window"] = screen.local_window
+        up = (dataset.key,)
+        key = cell_key("screen", config, up, package_versions(("torch", "transformers")))
+        d = dataset
+        return cls(key, config, up, d.model, d.task, d.teacher, d.regime)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Adapter(_Distilling):
     """A student trained on a dataset (`upstream[0]`) with one seed."""
 
     kind: ClassVar[str] = "adapter"
-    phase: ClassVar[int] = 4
+    phase: ClassVar[int] = 5
     seed: int = 0
 
     @functools.cached_property
@@ -287,6 +336,11 @@ def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
     settings.pop("checkpoint_seconds")
     for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
         settings.pop(name)
+    # which teachers are trained is the grid's choice, not the adapter's: out of the key
+    settings.pop("teachers_per_student")
+    settings.pop("top_k")
+    settings.pop("filter_by")  # in the dataset's key (regimes.key_fields), when set
+    settings.pop("filter_drop")
     if not settings["merge"]:
         settings.pop("merge")  # added after keys were published: left out at its old value
     if dataset.regime == "mix" and tr.mix_batch:

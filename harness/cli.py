@@ -60,7 +60,7 @@ _OS_FIXES = {
 ConfigArg = Annotated[Path, typer.Argument(help="experiment YAML", show_default=False)]
 Stage = Annotated[
     str | None,
-    typer.Option(help="run only these stages: generate, train, evaluate (comma-separated)"),
+    typer.Option(help="run only these stages: generate, train, evaluate, screen (comma-separated)"),
 ]
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
@@ -215,6 +215,8 @@ def run(
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
+            _console().print(_write_viewer(exp.root))
+            _track(exp, store)
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
     )
@@ -400,6 +402,37 @@ def check(
 
 
 @app.command()
+def screen(
+    config: ConfigArg,
+    student: Annotated[str | None, typer.Option(help="only this student")] = None,
+    task: Annotated[str | None, typer.Option(help="only this task")] = None,
+    wait: Wait = 0,
+) -> None:
+    """Screen teachers before training: one forward pass of each student over each training set
+    (NLL, token ranks, rank-surprisal ratio), then analysis/screen.csv. No adapter is trained."""
+    from harness import analyze as analysis
+    from harness import grid, plan, screening
+    from harness.store import Store
+
+    exp = screening.screened(_load(config))
+    if student is not None:
+        exp.model(student)
+    if task is not None:
+        exp.task(task)
+    store = Store(exp.root)
+    cells = grid.expand(exp).select(kind="screen", model=student, task=task)
+    with store.lock(timeout=wait):
+        counts = plan.run(exp, store, cells, log=_log)  # with the traces and datasets they need
+        board = analysis.leaderboard(exp, store)[0]
+        out = store.root / "analysis"
+        out.mkdir(parents=True, exist_ok=True)
+        result = screening.write(out, exp, store, board)
+    _console().print(f"screen: computed {counts.get('screen', 0)} screen cell(s)")
+    if result:
+        _console().print(f"screen table: {out / 'screen.csv'}")
+
+
+@app.command()
 def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     """Rebuild leaderboard.csv, analysis.json, report.md and plots from the cells."""
     from harness import analyze as analysis
@@ -409,7 +442,66 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     store = Store(exp.root)
     with store.lock(timeout=wait):
         out = analysis.run(exp, store)
+        viewer = _write_viewer(exp.root)
+        _track(exp, store)
     _console().print(f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}")
+    _console().print(viewer)
+
+
+def _track(exp, store) -> None:
+    """Log the cells to the trackers `tracking:` turns on (MLflow, W&B offline); off by default."""
+    if exp.tracking.mlflow is not None or exp.tracking.wandb is not None:
+        from harness import tracking
+
+        tracking.log(exp, store, say=_log)
+
+
+def _write_viewer(root: Path) -> str:
+    """The HTML viewer next to the fresh analysis (seconds), and the line that names it; a problem
+    with it is a warning, since the analysis itself is complete."""
+    from rich.markup import escape
+
+    from harness import view
+
+    try:
+        path = view.write(root)
+    except UserError as e:
+        return escape(f"viewer:      not written: {e} (`cotgap view {root}` retries)")
+    return escape(f"viewer:      {path} ({path.stat().st_size / 1e6:.2f} MB, opens from file://)")
+
+
+@app.command()
+def view(
+    target: Annotated[
+        Path, typer.Argument(help="experiment YAML, or its results directory", show_default=False)
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default: analysis/viewer.html)")
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="benchmark files, for the questions (default: the config's data_dir)"),
+    ] = None,
+) -> None:
+    """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
+    from harness import view as viewer
+
+    path = viewer.write(target, out, data_dir)
+    typer.echo(
+        f"{path}  ({path.stat().st_size / 1e6:.2f} MB; open it in a browser, no server needed)"
+    )
+
+
+@app.command()
+def export(
+    config: ConfigArg,
+    out: Annotated[Path, typer.Option(help="directory to write (replaced whole if an export)")],
+) -> None:
+    """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
+    from harness import export as exporter
+
+    path, counts = exporter.run(_load(config), out, log=_log)
+    typer.echo(f"{path}  ({counts['files']} Parquet files, {counts['rows']} rows; card: README.md)")
 
 
 @sandbox_app.command("build")

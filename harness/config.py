@@ -28,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -215,6 +216,16 @@ class TrainConfig(Strict):
     merge: bool = Field(
         False, description="also save the LoRA merged into the student (merged/); part of the key"
     )
+    teachers_per_student: Literal["all", "top_k"] = Field(
+        "all", description="top_k: screen first, train only the top_k best-screened teachers"
+    )
+    top_k: int = Field(1, gt=0, description="teachers trained per group with top_k")
+    filter_by: Literal["nll", "mean_rank", "rsr"] | None = Field(
+        None, description="drop the least learnable examples by this student-side signal"
+    )
+    filter_drop: float = Field(
+        0.0, ge=0, lt=1, description="with filter_by: the share of each training set dropped"
+    )
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
@@ -227,6 +238,11 @@ class TrainConfig(Strict):
             raise ValueError("the mix regime needs train.mix (two or more teachers), and only it")
         if self.mix and len({p.teacher for p in self.mix}) < 2:
             raise ValueError("mix: name two or more different teachers")
+        # (a value, not "was it given": a config dumped and read back gives every field)
+        if self.teachers_per_student == "all" and self.top_k != 1:
+            raise ValueError("top_k is used only with teachers_per_student: top_k")
+        if (self.filter_by is None) != (self.filter_drop == 0):
+            raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
         return self
 
 
@@ -269,9 +285,60 @@ class SelectConfig(Strict):
     limit: int | None = Field(None, gt=0, description="items per task (default: the split's limit)")
 
 
+class ScreenConfig(Strict):
+    """Student-side screening of teacher traces (harness/screen.py): one forward pass of each
+    student over each training set, no training. Present: the grid has a screen cell per dataset."""
+
+    batch_size: int = Field(16, gt=0, description="examples per forward pass (not in any key)")
+    max_examples: int | None = Field(
+        None, gt=0, description="screen a seeded sample of this many examples (None: all of them)"
+    )
+    local_window: int = Field(
+        0, ge=0, description="local naturalness: score each step after this many steps (0: off)"
+    )
+    signal: Literal["rsr", "nll", "mean_rank", "top1", "top5", "local_nll"] = Field(
+        "rsr", description="the signal that ranks teachers (harness/screening.py: SIGNALS)"
+    )
+
+    @model_validator(mode="after")
+    def _local(self) -> ScreenConfig:
+        if self.signal == "local_nll" and not self.local_window:
+            raise ValueError("signal: local_nll needs local_window > 0")
+        return self
+
+
 class RayConfig(Strict):
     address: str | None = None
     max_retries: int = Field(2, ge=0)
+
+
+class MlflowTracking(Strict):
+    uri: str = Field(
+        "file:mlruns",
+        description="local file store (no server); a relative path is under <results_dir>/<name>",
+    )
+    experiment: str | None = Field(None, description="MLflow experiment name (default: the grid's)")
+
+    @field_validator("uri")
+    @classmethod
+    def _file_store(cls, uri: str) -> str:
+        if not uri.startswith("file:"):
+            raise ValueError(f"{uri!r} is not a local file store; give file:<directory>")
+        return uri
+
+
+class WandbTracking(Strict):
+    project: str = Field("cotgap", min_length=1)
+    dir: str = Field(
+        "wandb", description="offline run files; a relative path is under <results_dir>/<name>"
+    )
+
+
+class TrackingConfig(Strict):
+    """Off unless a section is given: `tracking: {mlflow: {}}` logs every complete cell."""
+
+    mlflow: MlflowTracking | None = None
+    wandb: WandbTracking | None = None
 
 
 class Experiment(Strict):
@@ -288,6 +355,8 @@ class Experiment(Strict):
     evaluate: EvalConfig = EvalConfig()
     analysis: AnalysisConfig = AnalysisConfig()
     select: SelectConfig | None = None
+    screen: ScreenConfig | None = None
+    tracking: TrackingConfig = TrackingConfig()
 
     @model_validator(mode="before")
     @classmethod

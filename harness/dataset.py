@@ -1,6 +1,7 @@
 """Stage: training sets. A dataset cell selects a teacher's usable traces under its regime
 (harness/regimes.py), renders them for the student (its tokenizer and chat template, as
-evaluation renders prompts) and writes `examples.jsonl` with a summary.
+evaluation renders prompts), with `train.filter_by` drops the share the student finds least
+learnable (one forward pass, harness/screen.py), and writes `examples.jsonl` with a summary.
 
     cotgap train configs/sandbox.yaml     # datasets, then adapters
 """
@@ -89,6 +90,20 @@ def _teacher_names(exp: Experiment, cell: Dataset) -> dict[str, str]:
     return {key: names[key] for key in cell.upstream}
 
 
+def _filter(student: Any, tok: Any, examples: list[dict], how: dict) -> list[dict]:
+    """The examples without the `how["drop"]` share the student finds least learnable by
+    `how["by"]` (one forward pass of the student: harness/screen.py)."""
+    from harness import screen
+    from harness.cells import SCREEN_DIRECTION
+
+    model, device = screen.load_model(models.resolve(student), student.trust_remote_code)
+    data = [encode(tok, e["prompt"], e["completion"], student.chat_template) for e in examples]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    rows = screen.signals(model, data, 16, device, pad)
+    scores = [SCREEN_DIRECTION[how["by"]] * r[how["by"]] for r in rows]
+    return regimes.filter_worst(examples, scores, how["drop"])
+
+
 def run(exp: Experiment, store: Store, cells: list[Dataset]) -> dict[str, dict]:
     """Build dataset cells; returns their summaries by key."""
     return {c.key: build(exp, store, c) for c in cells if not store.complete(c.kind, c.key)}
@@ -108,6 +123,10 @@ def build(exp: Experiment, store: Store, cell: Dataset) -> dict:
         cfg["matched_by"],
         [(key, weight) for key, weight in cfg.get("mix", [])],
     )
+    filtered = 0
+    if cfg.get("filter") and examples:
+        kept = _filter(student, tok, examples, cfg["filter"])
+        examples, filtered = kept, len(examples) - len(kept)
     # An empty set is a result (the teacher solved nothing usable), not an error: the cell completes
     # with n_examples 0, and the scheduler skips the adapter and eval cells downstream of it.
     completion_tokens = sum(e["n_completion_tokens"] for e in examples)
@@ -123,6 +142,8 @@ def build(exp: Experiment, store: Store, cell: Dataset) -> dict:
     if cell.regime == "mix":
         summary["mix"] = regimes.realised_mix(examples, _teacher_names(exp, cell))
         summary["mix_weights"] = {p.teacher: p.weight for p in exp.train.mix}
+    if cfg.get("filter"):
+        summary["n_filtered"] = filtered
     with store.open_cell("dataset", cell.key, cell.config, cell.upstream) as out:
         out.write_text("examples.jsonl", "".join(json.dumps(e) + "\n" for e in examples))
         out.finish(summary, packages=("transformers",))

@@ -19,20 +19,19 @@ answer, so it has no vote). The raw completions are kept: `cotgap score` re-scor
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from harness import answers, engines, scoring, stats, tasks
-from harness.config import AnalysisConfig, EvalConfig, Experiment, canonical
-from harness.engines import Engine, Request, Sampling
+from harness.config import AnalysisConfig, Experiment, canonical
+from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS
+from harness.generate import CHUNK_SEQS, requests, task_items
 from harness.scoring import METRICS, PREDICTIONS, record
-from harness.store import Store
+from harness.store import Store, json_text
 
 EVAL_CONFIG = "eval_config.json"
 
@@ -46,26 +45,14 @@ def run(
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
     """Compute the eval cells of one base model; returns metrics by cell key."""
-    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    cells = engines.pending(store, cells, "eval")
     if not cells:
         return {}
-    models = {c.model for c in cells}
-    if len(models) != 1 or any(c.kind != "eval" for c in cells):
-        raise ValueError(f"evaluate.run takes eval cells of one base model, got {sorted(models)}")
-    model = models.pop()
     # Resolved here, so that a missing adapter fails before any engine starts.
     served = {c.key: served_by(store, c) for c in cells}
     args = (exp, str(store.root), cells, served, chunk_seqs)
-    logs = store.root / "logs"
     return engines.run_stage(
-        "evaluate",
-        model,
-        work,
-        *args,
-        cells=cells,
-        log_dir=logs,
-        progress=progress,
-        inprocess=inprocess,
+        "evaluate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess
     )
 
 
@@ -104,7 +91,8 @@ def work(
     `engine`: an already started engine for the base model (in-process callers: tests, benchmarks).
     """
     store = Store(root)
-    loaded = [(c, *_task_items(exp, c)) for c in cells]
+    # the cell's split: test; a select cell's `select.split` (train by default)
+    loaded = [(c, *task_items(exp, c, c.config["task"]["split"])) for c in cells]
     n = exp.evaluate.n
     engines.emit({"total": n * sum(len(items) for _, _, items in loaded)})
     sessions: dict[str | None, list] = {}  # the base model first, then any merged models
@@ -137,14 +125,6 @@ def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str
     return engines.load(ev.engine, spec, lora_rank=rank)
 
 
-def _task_items(exp: Experiment, cell: Any) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
-    """The cell's split (test; a select cell's `select.split`, train by default) and items."""
-    task = tasks.load_task(cell.task)
-    split = cell.config["task"]["split"]
-    items = tasks.load_items(task, split, data_dir=exp.data_dir, limit=cell.limit)
-    return task, items
-
-
 def _evaluate_cell(
     exp: Experiment,
     store: Store,
@@ -169,10 +149,8 @@ def _evaluate_cell(
         t0, tokens = time.perf_counter(), 0
         for start in range(0, len(todo), per_chunk):
             window = todo[start : start + per_chunk]
-            requests = _requests(task, window, ev, exp.data_dir)
-            for i, samples in engines.in_request_order(
-                engine.stream(requests, sampling, adapter=adapter)
-            ):
+            batch = requests(task, window, ev, exp.data_dir)
+            for i, samples in engines.in_request_order(engine.stream(batch, sampling, adapter)):
                 rec = record(task, window[i], samples, extractor, ev.decoding)
                 out.write(rec)
                 records.append(rec)
@@ -198,22 +176,9 @@ def _evaluate_cell(
     return metrics
 
 
-def _requests(
-    task: tasks.TaskSpec, items: list[tasks.Item], ev: EvalConfig, data_dir: str | None
-) -> list[Request]:
-    return [
-        Request(
-            it.id, prompt=tasks.render_prompt(task, it, ev.prompt_style, ev.num_fewshot, data_dir)
-        )
-        for it in items
-    ]
-
-
 def eval_config_json(evaluate_config: Any) -> str:
     """The eval config as canonical JSON: byte-identical in every cell scored under it."""
-    return (
-        json.dumps(canonical(evaluate_config), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
-    )
+    return json_text(canonical(evaluate_config))
 
 
 def _resumable(records: list[dict], items: list[tasks.Item], cell_dir: Path) -> list[dict]:
@@ -230,11 +195,7 @@ def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> d
     """`scoring.rates` plus the headline accuracy's percentile bootstrap CI over items (analysis
     settings)."""
     out = scoring.rates(records, headline)
-    ci = stats.accuracy_ci(
-        [bool(r["correct"]) for r in records],
-        analysis.ci,
-        analysis.bootstrap_samples,
-        analysis.seed,
-    )
+    verdicts = [bool(r["correct"]) for r in records]
+    ci = stats.accuracy_ci(verdicts, analysis.ci, analysis.bootstrap_samples, analysis.seed)
     out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high, ci=analysis.ci)
     return out

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,24 +40,12 @@ def run(
     chunk_seqs: int = CHUNK_SEQS,
 ) -> dict[str, dict]:
     """Compute the traces cells of one teacher; returns summaries by cell key."""
-    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    cells = engines.pending(store, cells, "traces")
     if not cells:
         return {}
-    teachers = {c.model for c in cells}
-    if len(teachers) != 1 or any(c.kind != "traces" for c in cells):
-        raise ValueError(f"generate.run takes traces cells of one teacher, got {sorted(teachers)}")
-    teacher = teachers.pop()
     args = (exp, str(store.root), cells, chunk_seqs)
-    logs = store.root / "logs"
     return engines.run_stage(
-        "generate",
-        teacher,
-        work,
-        *args,
-        cells=cells,
-        log_dir=logs,
-        progress=progress,
-        inprocess=inprocess,
+        "generate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess
     )
 
 
@@ -74,7 +61,7 @@ def work(
     `engine`: an already started engine to use (in-process callers: tests, benchmarks).
     """
     store, sampling = Store(root), Sampling.from_config(exp.generate)
-    loaded = [(c, *_task_items(exp, c)) for c in cells]
+    loaded = [(c, *task_items(exp, c, "train")) for c in cells]
     engines.emit({"total": sampling.n * sum(len(items) for _, _, items in loaded)})
     if engine is None:
         engines.emit({"status": f"starting the {exp.generate.engine} engine"})
@@ -85,10 +72,19 @@ def work(
     }
 
 
-def _task_items(exp: Experiment, cell: Traces) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+def task_items(exp: Experiment, cell: Any, split: str) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
+    """A cell's task and its items of `split` (train for traces, test for eval)."""
     task = tasks.load_task(cell.task)
-    items = tasks.load_items(task, "train", data_dir=exp.data_dir, limit=cell.limit)
-    return task, items
+    return task, tasks.load_items(task, split, data_dir=exp.data_dir, limit=cell.limit)
+
+
+def requests(
+    task: tasks.TaskSpec, items: list[tasks.Item], cfg: Any, data_dir: str | None
+) -> list[Request]:
+    """One request per item, its prompt rendered as `cfg` (generate or evaluate settings) says."""
+    style, shots = cfg.prompt_style, cfg.num_fewshot
+    prompts = [tasks.render_prompt(task, it, style, shots, data_dir) for it in items]
+    return [Request(it.id, prompt=p) for it, p in zip(items, prompts, strict=True)]
 
 
 def _generate_cell(
@@ -109,16 +105,19 @@ def _generate_cell(
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
         engines.emit({"skipped": len(records)})
-
-        def write(record: dict[str, Any]) -> None:
-            out.write(record)
-            records.append(record)
-
         gen_s, per_chunk = 0.0, max(1, chunk_seqs // n)
         for start in range(0, len(items), per_chunk):
             todo = [it for it in items[start : start + per_chunk] if it.id not in done]
-            if todo:
-                gen_s += _generate_chunk(exp, task, todo, engine, sampling, extractor, write)
+            if not todo:
+                continue
+            batch = requests(task, todo, exp.generate, exp.data_dir)
+            t0 = time.perf_counter()
+            # an item's records are written once all earlier items of the window are
+            for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
+                for k, s in enumerate(samples):
+                    records.append(trace_record(task, todo[i], batch[i].prompt, k, s, extractor))
+                    out.write(records[-1])
+            gen_s += time.perf_counter() - t0
         tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])
         summary = summarize(records, n_items=len(items), n=n, tokens=tokens, gen_s=gen_s)
         summary.update(
@@ -132,29 +131,6 @@ def _generate_cell(
         )
         c.finish(summary, packages=engine.packages)
     return summary
-
-
-def _generate_chunk(
-    exp: Experiment,
-    task: tasks.TaskSpec,
-    todo: list[tasks.Item],
-    engine: Engine,
-    sampling: Sampling,
-    extractor: str,
-    write: Callable[[dict[str, Any]], None],
-) -> float:
-    """Generate one window of items; an item's records are written once all earlier ones are."""
-    gen = exp.generate
-    prompts = [
-        tasks.render_prompt(task, it, gen.prompt_style, gen.num_fewshot, data_dir=exp.data_dir)
-        for it in todo
-    ]
-    requests = [Request(it.id, prompt=p) for it, p in zip(todo, prompts, strict=True)]
-    t0 = time.perf_counter()
-    for i, samples in engines.in_request_order(engine.stream(requests, sampling)):
-        for k, s in enumerate(samples):
-            write(trace_record(task, todo[i], prompts[i], k, s, extractor))
-    return time.perf_counter() - t0
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:

@@ -4,8 +4,9 @@
 
 `expand(exp)` is pure: it reads model and task identities, never the store or a stage. Per task,
 one traces and one eval cell per teacher; one baseline eval per student, shared by every teacher;
-per (student, regime, teacher) one dataset (the mix regime: one per student), and per seed and
-budget alignment (train.budget.align) an adapter and its eval. A cell shared by
+per (student, regime, teacher) one dataset (the mix regime: one per student; with a `screen:`
+section, a screen cell of it), and per seed and budget alignment (train.budget.align) an adapter
+and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
 row's cells, so the analysis reads the grid instead of rebuilding it. With `select:`, each task
 first has one select eval per teacher (phase 0; harness/selection.py decides from them).
@@ -14,20 +15,23 @@ first has one select eval per teacher (phase 0; harness/selection.py decides fro
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 
 from harness import models, regimes
 from harness.cells import (
+    SCREEN_DIRECTION,
     Adapter,
     Cell,
     Dataset,
     Eval,
+    Screen,
     Traces,
     model_identities,
     shared_identities,
     task_identity,
 )
-from harness.config import Experiment
+from harness.config import Experiment, ScreenConfig
 from harness.errors import UserError
 from harness.regimes import MIX_TEACHER
 
@@ -44,6 +48,39 @@ class Distilled:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gate:
+    """`train.teachers_per_student: top_k`: an adapter is trained only if its dataset's screen
+    (`screen`) is among the `k` best by `signal` of its (task, student, regime) group (`group`,
+    every teacher's screen key in grid order). The scheduler waits for the group's screens and
+    skips the others' adapters with the reason; expansion stays pure."""
+
+    screen: str
+    group: tuple[str, ...]
+    k: int
+    signal: str
+
+    def chosen(self, summaries: dict[str, dict]) -> list[str]:
+        """The group's screens in screened order, best first (ties: grid order); `summaries` are
+        the screen cells' manifest summaries by key. An unscreenable set (no examples) is last."""
+
+        def score(key: str) -> float:
+            value = summaries[key].get(self.signal)
+            if value is None or value != value or not summaries[key].get("n_examples"):
+                return -math.inf
+            return SCREEN_DIRECTION[self.signal] * value
+
+        return sorted(self.group, key=lambda key: -score(key))
+
+    def reason(self, summaries: dict[str, dict]) -> str | None:
+        """Why the adapter is not trained, or None when it is among the k best."""
+        order = self.chosen(summaries)
+        if self.screen in order[: self.k]:
+            return None
+        rank = order.index(self.screen) + 1
+        return f"screened out: {self.signal} rank {rank} of {len(order)}, top {self.k} trained"
+
+
+@dataclasses.dataclass(frozen=True)
 class Grid:
     """`cells`: every cell, each after its inputs; the dicts name them by row, in report order."""
 
@@ -56,7 +93,11 @@ class Grid:
     ]  # (task, student, teacher, regime, seed)
     candidates: dict[tuple[str, str], Eval] = dataclasses.field(
         default_factory=dict
-    )  # select cells
+    )  # (task, teacher): select cells; empty without a `select:` section
+    screens: dict[tuple[str, str, str, str], Screen] = dataclasses.field(
+        default_factory=dict
+    )  # (task, student, teacher, regime); empty without a `screen:` section
+    gates: dict[str, Gate] = dataclasses.field(default_factory=dict)  # adapter key -> its gate
 
     def __iter__(self) -> Iterator[Cell]:
         return iter(self.cells)
@@ -93,8 +134,11 @@ def expand(exp: Experiment) -> Grid:
 def _expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
-    traces_of, teachers, baselines, distilled = {}, {}, {}, {}
+    traces_of, teachers, baselines, distilled, screens = {}, {}, {}, {}, {}
     select = {}
+    top_k = exp.train.teachers_per_student == "top_k"
+    screening = exp.screen is not None or top_k
+    signal = (exp.screen or ScreenConfig()).signal
     for task in (t.name for t in exp.tasks):
         if exp.select is not None:  # phase 0: the teachers on the candidate task
             for t in exp.teachers:
@@ -122,6 +166,10 @@ def _expand(exp: Experiment) -> Grid:
                                 exp, ids[s.name], s.name, t, task, regime, traces
                             )
                             cells.append(d)
+                            if screening:
+                                screen = Screen.of(exp, ids[s.name], d)
+                                screens[task, s.name, t, regime] = screen
+                                cells.append(screen)
                         d = sets[regime, t]
                         for seed in exp.train.seeds:
                             a = Adapter.of(exp, ids[s.name], d, seed, align, reference)
@@ -132,7 +180,25 @@ def _expand(exp: Experiment) -> Grid:
                             )
                             cells.extend((a, e))
                             distilled[row] = Distilled(e, a, d, base, traces.get(t))
-    return Grid(tuple(cells), traces_of, teachers, baselines, distilled, select)
+    gates = {}
+    if top_k:  # per (task, student, regime of the set): every teacher's screen
+        for (task, student, teacher, _, _), d in distilled.items():
+            regime = d.dataset.regime
+            group = tuple(
+                c.key for (t, s, _, r), c in screens.items() if (t, s, r) == (task, student, regime)
+            )
+            mine = screens[task, student, teacher, regime].key
+            gates[d.adapter.key] = Gate(mine, group, exp.train.top_k, signal)
+    return Grid(
+        tuple(cells),
+        traces_of,
+        teachers,
+        baselines,
+        distilled,
+        candidates=select,
+        screens=screens,
+        gates=gates,
+    )
 
 
 def _reference(

@@ -35,7 +35,14 @@ def run(
     wanted = g if wanted is None else wanted
     events = schedule.Events(store, log)
     sched = schedule.Schedule(
-        g, wanted, store, options.only, events, selection.gates(g), _decider(exp, g, store)
+        g,
+        wanted,
+        store,
+        options.only,
+        events,
+        g.gates,
+        task_gates=selection.gates(g),
+        decide=_decider(exp, g, store),
     )
     if options.executor == "ray":
         from harness import ray_executor
@@ -112,7 +119,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     from rich.table import Table
 
     from harness import progress
-    from harness.cells import PHASES
+    from harness.cells import KINDS, PHASES
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
@@ -141,9 +148,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
             row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
             table.add_row(*row, _needs(exp, group[0]))
     console.print(table)
-    counts = {
-        k: sum(1 for c in todo if c.kind == k) for k in ("traces", "dataset", "adapter", "eval")
-    }
+    kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
+    counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")

@@ -13,6 +13,7 @@ the CUDA question, and only when it is already imported.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
@@ -40,16 +41,10 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     if sys.platform == "darwin":
-        try:
-            out = subprocess.run(
-                ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
+        cmd = ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"]
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip()
             return frozenset({"bf16"}) if out == "1" else frozenset()
-        except (OSError, subprocess.SubprocessError):
-            pass
     return frozenset()
 
 
@@ -82,8 +77,5 @@ def choose(value: str | None = None, device: str = "cpu") -> Precision:
 
 def describe() -> dict[str, object]:
     """What a manifest records about the choice: the CPU's bf16 support and the request."""
-    return {
-        "cpu_bf16_native": cpu_bf16_native(),
-        "machine": platform.machine(),
-        "requested": requested(),
-    }
+    native = cpu_bf16_native()
+    return {"cpu_bf16_native": native, "machine": platform.machine(), "requested": requested()}

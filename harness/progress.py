@@ -30,30 +30,24 @@ def console(stderr: bool = False) -> Any:
 
 
 class StageProgress:
-    def __init__(self, description: str, enabled: bool = True, unit: str = "tok/s"):
+    def __init__(self, description: str, enabled: bool = True):
+        import rich.progress as rp
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
 
         console = Console(stderr=True)
-        self.enabled, self.unit = enabled, unit
+        self.enabled = enabled
         self.rich = enabled and console.is_terminal
         self.cell: str | None = None
         self.description = description
-        self.done, self.total, self.skipped = 0, None, 0
+        self.done, self.total = 0, None
         self.tokens, self.start, self.last_line = 0, None, 0.0
         self.extra = ""
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[speed]}"),
-            TimeRemainingColumn(),
+        self.progress = rp.Progress(
+            rp.TextColumn("[bold]{task.description}"),
+            rp.BarColumn(),
+            rp.MofNCompleteColumn(),
+            rp.TextColumn("{task.fields[speed]}"),
+            rp.TimeRemainingColumn(),
             console=console,
             disable=not self.rich,
         )
@@ -76,11 +70,9 @@ class StageProgress:
             self.cell = event["cell"]
             p.update(t, description=event["cell"])
             self._plain(f"{self.description}: {self.cell}", force=True)
-        if "skipped" in event:  # resumed work is not this run's: shrink the total
-            self.skipped += event["skipped"]
-            if self.total is not None:
-                self.total -= event["skipped"]
-                p.update(t, total=self.total)
+        if "skipped" in event and self.total is not None:  # resumed work is not this run's
+            self.total -= event["skipped"]
+            p.update(t, total=self.total)
         if "fields" in event:
             self.extra = event["fields"]
         if "samples" in event:
@@ -88,7 +80,7 @@ class StageProgress:
             self.done += event["samples"]
             self.tokens += event.get("tokens", 0)
             speed = self.tokens / max(1e-9, time.perf_counter() - self.start)
-            text = f"{speed:,.0f} {self.unit}" + (f"  {self.extra}" if self.extra else "")
+            text = f"{speed:,.0f} tok/s" + (f"  {self.extra}" if self.extra else "")
             p.update(t, advance=event["samples"], speed=text)
             of = f"/{self.total}" if self.total is not None else ""
             self._plain(f"{self.description}: {self.done}{of} done, {text}")

@@ -14,7 +14,9 @@ How adapters of different regimes are compared is the training budget (`train.bu
 `row_regime` names a row by regime and alignment (`mix`, `mix@updates`).
 
 A trace is usable when it is correct and finished; an example is a usable trace rendered for the
-student that fits `train.max_length` (over-long ones are dropped, never truncated).
+student that fits `train.max_length` (over-long ones are dropped, never truncated). With
+`train.filter_by` (nll, mean_rank or rsr: harness/screen.py), every regime then drops the
+`train.filter_drop` share of its examples that the student finds least learnable.
 """
 
 from __future__ import annotations
@@ -43,10 +45,13 @@ def inputs(
 
 def key_fields(regime: str, train: Any, traces: dict[str, str] | None = None) -> dict[str, Any]:
     """What of the training config a dataset's key holds besides max_length (`traces`: the traces
-    key of each teacher, which the mix's weights are keyed by)."""
+    key of each teacher, which the mix's weights are keyed by; per-item filtering only when set:
+    it was added after keys were published)."""
     fields: dict[str, Any] = {"matched_by": train.matched_by if regime == "matched" else None}
     if regime == "mix":  # a new regime: its field is in no earlier key
         fields["mix"] = sorted([traces[p.teacher], p.weight] for p in train.mix)
+    if train.filter_by is not None:
+        fields["filter"] = {"by": train.filter_by, "drop": train.filter_drop}
     return fields
 
 
@@ -66,6 +71,15 @@ def row_regimes(train: Any) -> list[str]:
     return [
         row_regime(r, a) for a in train.budget.align for r in train.regimes if aligned(train, r, a)
     ]
+
+
+def filter_worst(examples: Records, scores: list[float], drop: float) -> Records:
+    """`examples` without the `drop` share with the lowest `scores` (higher = more learnable;
+    ties: the later example goes first), in their order."""
+    n_drop = int(len(examples) * drop)
+    worst = sorted(range(len(examples)), key=lambda i: (scores[i], -i))[:n_drop]
+    gone = set(worst)
+    return [e for i, e in enumerate(examples) if i not in gone]
 
 
 def select(

@@ -9,8 +9,12 @@ module's local one and harness/ray_executor.py) drive the same ready loop:
 The work is the closure of the wanted cells over their missing inputs; `only` keeps the cells of
 some stages (a cell whose inputs are neither complete nor in the work is skipped, said once).
 Adapters of an empty training set (a teacher that solved nothing usable) and everything
-downstream of them are skipped with the reason, and so is every cell of a task that pre-selection
-gates (`select:`; its select cells run first, in phase 0). Locally, the ready groups of the lowest phase run
+downstream of them are skipped with the reason; so are, with `train.teachers_per_student: top_k`,
+adapters whose teacher is not among the k best-screened of their group (harness/grid.py: Gate):
+such an adapter waits for every screen of its group, and the choice is made again from the screen
+cells on every run, so a resumed run trains the same k; and so is every cell of a task that
+pre-selection gates (`select:`; its select cells run first, in phase 0). Locally, the ready groups
+of the lowest phase run
 first, so the run goes phase by phase (harness/cells.py: PHASES) and cells of one model share an
 engine session; on Ray every ready group runs at once.
 
@@ -32,12 +36,14 @@ from typing import Any
 from harness.cells import PHASES, STAGE_OF_KIND, STAGES, Cell
 from harness.config import Experiment
 from harness.errors import UserError
+from harness.grid import Gate
 from harness.store import Store
 
 STAGE_TABLE = {  # cell kind -> the stage function computing a group of its cells
     "traces": "harness.generate:run",
     "eval": "harness.evaluate:run",
     "dataset": "harness.dataset:run",
+    "screen": "harness.screen:run",
     "adapter": "harness.train:run",
 }
 StageFn = Callable[[Experiment, Store, list[Cell]], Any]
@@ -117,8 +123,14 @@ def parse_only(only: str | Iterable[str] | None) -> frozenset[str] | None:
     return frozenset(names)
 
 
-def closure(cells: Iterable[Cell], wanted: Iterable[Cell], store: Store) -> list[Cell]:
-    """The missing cells among `wanted` and the missing cells they depend on, in `cells` order."""
+def closure(
+    cells: Iterable[Cell],
+    wanted: Iterable[Cell],
+    store: Store,
+    gates: Mapping[str, Gate] | None = None,
+) -> list[Cell]:
+    """The missing cells among `wanted` and the missing cells they depend on (their inputs, and
+    the screens that gate an adapter), in `cells` order."""
     cells = list(cells)
     by_key = {c.key: c for c in cells}
     need: dict[str, Cell] = {}
@@ -126,7 +138,7 @@ def closure(cells: Iterable[Cell], wanted: Iterable[Cell], store: Store) -> list
     def visit(c: Cell) -> None:
         if c.key in need or store.complete(c.kind, c.key):
             return
-        for up in c.upstream:
+        for up in needs(c, gates):
             if up in by_key:
                 visit(by_key[up])
         need[c.key] = c
@@ -135,6 +147,12 @@ def closure(cells: Iterable[Cell], wanted: Iterable[Cell], store: Store) -> list
         visit(c)
     order = {c.key: i for i, c in enumerate(cells)}
     return sorted(need.values(), key=lambda c: order.get(c.key, 0))
+
+
+def needs(c: Cell, gates: Mapping[str, Gate] | None) -> tuple[str, ...]:
+    """What a cell waits for: its inputs, and for a gated adapter every screen of its group."""
+    gate = (gates or {}).get(c.key)
+    return (*c.upstream, *gate.group) if gate else c.upstream
 
 
 def empty_dataset(store: Store, key: str) -> bool:
@@ -152,20 +170,23 @@ class Schedule:
         store: Store,
         only: frozenset[str] | None = None,
         events: Events | None = None,
-        gates: Mapping[str, tuple[str, ...]] | None = None,
+        gates: Mapping[str, Gate] | None = None,
+        task_gates: Mapping[str, tuple[str, ...]] | None = None,
         decide: Callable[[str], tuple[bool | None, str]] | None = None,
     ) -> None:
-        """`gates`: per task, the select cells its other cells wait for; `decide(task)`: then
+        """`gates`: per adapter key, its top_k screening gate (harness/grid.py: Gate);
+        `task_gates`: per task, the select cells its other cells wait for; `decide(task)`: then
         whether the task goes on, and why (harness/selection.py)."""
-        self.store, self.emit = store, events or Events(store)
-        self.gates, self.decide = dict(gates or {}), decide
+        self.store, self.emit, self.gates = store, events or Events(store), gates or {}
+        self.task_gates, self.decide = dict(task_gates or {}), decide
         self._decided: dict[str, tuple[bool | None, str]] = {}
         cells = list(cells)
-        work = closure(cells, wanted, store)
-        if self.gates:  # a task's select cells are inputs of all its work, though not of its keys
+        work = closure(cells, wanted, store, self.gates)
+        if self.task_gates:  # a task's select cells are inputs of all its work, not of its keys
             tasks = {c.task for c in work}
-            select = {k for t in tasks for k in self.gates.get(t, ())}
-            work = closure(cells, [*work, *(c for c in cells if c.key in select)], store)
+            select = {k for t in tasks for k in self.task_gates.get(t, ())}
+            extra = [c for c in cells if c.key in select]
+            work = closure(cells, [*work, *extra], store, self.gates)
         if only:
             work = [c for c in work if c.stage in only]
             blocked: list[Cell] = []
@@ -174,7 +195,9 @@ class Schedule:
                 now = [
                     c
                     for c in work
-                    if any(u not in keys and not store.complete_any(u) for u in c.upstream)
+                    if any(
+                        u not in keys and not store.complete_any(u) for u in needs(c, self.gates)
+                    )
                 ]
                 if not now:
                     break
@@ -194,7 +217,8 @@ class Schedule:
         self.running: set[str] = set()
         self.done: set[str] = set()
         self.skipped: set[str] = set()
-        self.counts = {k: 0 for k in STAGE_OF_KIND}
+        kinds = {c.kind for c in cells}
+        self.counts = {k: 0 for k in STAGE_OF_KIND if k in kinds}  # the grid's kinds
         self._phase_began: dict[int, float] = {}
 
     def ready(self, lowest_phase: bool, share_workers: bool) -> list[Group]:
@@ -243,8 +267,9 @@ class Schedule:
         """Every input is done, skipped, or not this run's work (complete already, or not asked
         for); an input still pending or running is not ready. A gated task's select cells are
         inputs of its other cells."""
-        gate = self.gates.get(c.task, ())
-        inputs = c.upstream if c.key in gate else (*c.upstream, *gate)
+        task_gate = self.task_gates.get(c.task, ())
+        own = needs(c, self.gates)
+        inputs = own if c.key in task_gate else (*own, *task_gate)
         return all(
             u in self.done or u in self.skipped or (u not in self.pending and u not in self.running)
             for u in inputs
@@ -252,7 +277,8 @@ class Schedule:
 
     def _gated(self, c: Cell) -> str | None:
         """Why `c` does not run when its task is gated (or not decided), else None."""
-        if c.task not in self.gates or c.key in self.gates[c.task] or self.decide is None:
+        gate = self.task_gates.get(c.task)
+        if gate is None or c.key in gate or self.decide is None:
             return None
         if c.task not in self._decided:
             passed, why = self._decided[c.task] = self.decide(c.task)
@@ -279,16 +305,22 @@ class Schedule:
             empty_dataset(self.store, u) for u in c.upstream[1:]
         )
         empty = empty or no_budget
-        if not (empty or any(u in self.skipped for u in c.upstream)):
+        gate = self.gates.get(c.key)
+        screened_out = None
+        if gate and not empty:
+            summaries = {k: self.store.manifest("screen", k)["summary"] for k in gate.group}
+            screened_out = gate.reason(summaries)
+        if not (empty or screened_out or any(u in self.skipped for u in c.upstream)):
             return False
         reason = "its input was skipped"
         if empty:
             reason = "its teacher left no training examples"
             if no_budget:
                 reason = "its budget's reference teacher left no training examples"
+        reason = screened_out or reason
         self.emit(
             "skip",
-            f"skipping {c.label}: {reason}" if empty else None,
+            f"skipping {c.label}: {reason}" if empty or screened_out else None,
             cell=c.key,
             kind=c.kind,
             reason=reason,
@@ -322,7 +354,8 @@ class Schedule:
 
 
 def _group(cells: list[Cell], share_workers: bool) -> list[Group]:
-    """Traces and eval cells of one model share an engine session; with `share_workers` (local
+    """Traces, eval and screen cells of one model share an engine session (a screen: one loaded
+    student); with `share_workers` (local
     runs) every adapter shares one training worker process (`train.run`). On Ray each adapter is
     a task of its own, so that adapters train in parallel. Order: phase, then first appearance."""
     groups: dict[tuple, list[Cell]] = {}
@@ -330,7 +363,7 @@ def _group(cells: list[Cell], share_workers: bool) -> list[Group]:
         if c.kind == "adapter":
             key = "all" if share_workers else c.key
         else:
-            key = c.model if c.kind in ("traces", "eval") else c.key
+            key = c.model if c.kind in ("traces", "eval", "screen") else c.key
         groups.setdefault((c.phase, c.kind, key), []).append(c)
     return [Group(kind, tuple(g)) for (_, kind, _), g in groups.items()]
 

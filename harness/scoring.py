@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from harness import answers
 from harness.errors import UserError
 from harness.stats import majority_vote
-from harness.store import OUT_FIX, atomic_write_bytes, atomic_write_text, read_json, read_jsonl
+from harness.store import OUT_FIX, atomic_write_text, jsonl_text, read_json, read_jsonl
 from harness.tasks import (
     Item,
     TaskSpec,
@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # the engines' Sample, for the records' signatures only
 READING_FIELDS = tuple(
     f"{r}_{f}" for r in ("strict", "flexible") for f in ("rule", "span", "reason")
 )
+VERDICT_FIELDS = ("strict", "flexible", "strict_correct", "flexible_correct", "correct")
 
 
 def verdict(headline: str, strict_ok: bool, flexible_ok: bool) -> bool:
@@ -110,15 +111,12 @@ def score(
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
-    text = answers.scored_text(completion if isinstance(completion, str) else "")
+    text = answers.final_segment(completion if isinstance(completion, str) else "")
     strict, flexible = ex.read(text, choices)
     kind = ex.answer_types[0]
     strict_ok = answers.equivalent(kind, strict.value, gold)
-    flexible_ok = (
-        strict_ok
-        if flexible.value == strict.value
-        else answers.equivalent(kind, flexible.value, gold)
-    )
+    same = flexible.value == strict.value
+    flexible_ok = strict_ok if same else answers.equivalent(kind, flexible.value, gold)
     return {
         **out,
         "strict": strict.value,
@@ -147,36 +145,33 @@ def _read_predictions(
     preds: dict[str, dict] = {}
     records = 0  # excluded rows count: a file of only those is not empty
     # StringIO splits lines at "\n" only, as a file does (str.splitlines also splits at U+2028)
-    with io.StringIO(read_utf8(path)) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            records += 1
-            where = f"{path}: line {lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(
-                    f"{where}: not valid JSON ({e.msg}); one object per line."
-                ) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
-                raise UserError(
-                    f"{where}: field 'id' is missing or not text; each line needs id and completion."
-                )
-            if not isinstance(rec.get("completion"), str):
-                raise UserError(f"{where}: field 'completion' is missing or not text.")
-            if rec["id"] in excluded_ids(spec):
-                continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
-            if rec["id"] not in by_id:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
-                    f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
-                )
-            if rec["id"] in preds:
-                raise UserError(
-                    f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
-                )
-            preds[rec["id"]] = rec
+    for lineno, line in enumerate(io.StringIO(read_utf8(path)), 1):
+        if not line.strip():
+            continue
+        records += 1
+        where = f"{path}: line {lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg}); one object per line.") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+            raise UserError(
+                f"{where}: field 'id' is missing or not text; each line needs id and completion."
+            )
+        if not isinstance(rec.get("completion"), str):
+            raise UserError(f"{where}: field 'completion' is missing or not text.")
+        if rec["id"] in excluded_ids(spec):
+            continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
+        if rec["id"] not in by_id:
+            raise UserError(
+                f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "
+                f"({len(by_id)} items); were these predictions made for another task, split or data copy?"
+            )
+        if rec["id"] in preds:
+            raise UserError(
+                f"{where}: id {rec['id']!r} appears twice; keep one prediction per item."
+            )
+        preds[rec["id"]] = rec
     if not records:
         raise UserError(
             f"{path}: holds no predictions; give a JSONL file with one {{id, completion}} record "
@@ -215,7 +210,7 @@ def score_file(
         )
         results.append({**base, "missing": False, "finish_reason": finish, **scored})
     out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
-    _write_jsonl(out, results)
+    atomic_write_text(out, jsonl_text(results), OUT_FIX)
     missing = [r["id"] for r in results if r["missing"]]
     ex = answers.get_extractor(extractor or spec.extractor)
     r = rates(results, spec.headline)
@@ -236,11 +231,6 @@ def score_file(
         "missing_ids": missing[:20],
         "out": str(out),
     }
-
-
-def _write_jsonl(path: Path, records: Iterable[dict]) -> None:
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    atomic_write_text(path, text, OUT_FIX)
 
 
 def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
@@ -289,9 +279,9 @@ def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
     path = cell / (TRACES if (cell / TRACES).exists() else PREDICTIONS)
     if not read_jsonl(path, repair=True):
         return
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rescore_cell(cell, data_dir))
+    data = jsonl_text(rescore_cell(cell, data_dir))
     if data.encode("utf-8") != path.read_bytes():
-        atomic_write_bytes(path, data.encode("utf-8"))
+        atomic_write_text(path, data)
 
 
 def rescore_due(recorded: dict[str, Any]) -> bool:
@@ -324,7 +314,7 @@ def rescore_results(
         _, spec, extractor = _cell_config(cell)
         old = read_jsonl(cell / PREDICTIONS)
         new = rescore_cell(cell, data_dir)
-        _write_jsonl(out_root / f"{cell.name}.jsonl", new)
+        atomic_write_text(out_root / f"{cell.name}.jsonl", jsonl_text(new), OUT_FIX)
         stored = read_json(cell / METRICS, f"delete {cell} and re-run to recompute it")
         summaries.append(
             {
@@ -386,17 +376,18 @@ def trace_record(
         "id": item.id,
         "sample": k,
         "prompt": prompt,
+        **_sample_fields(s, item),
+        **{k: scored[k] for k in (*VERDICT_FIELDS, *READING_FIELDS)},
+    }
+
+
+def _sample_fields(s: Sample, item: Item) -> dict[str, Any]:
+    return {
         "completion": s.text,
         "finish_reason": s.finish_reason,
         "prompt_tokens": s.prompt_tokens,
         "completion_tokens": s.completion_tokens,
         "gold": item.gold,
-        "strict": scored["strict"],
-        "flexible": scored["flexible"],
-        "strict_correct": scored["strict_correct"],
-        "flexible_correct": scored["flexible_correct"],
-        "correct": scored["correct"],
-        **{k: scored[k] for k in READING_FIELDS},
     }
 
 
@@ -404,30 +395,19 @@ def record(
     task: TaskSpec, item: Item, samples: list[Sample], extractor: str, decoding: str
 ) -> dict[str, Any]:
     """The predictions.jsonl record of one item: its completion(s), token counts and scores."""
-    scored = [
-        score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
-        for s in samples
-    ]
+    choices = item.meta.get("choices")
+    scored = [score(task, s.text, item.gold, s.finish_reason, extractor, choices) for s in samples]
     if decoding == "greedy":
         (s,), (r,) = samples, scored
-        return {
-            "id": item.id,
-            "completion": s.text,
-            "finish_reason": s.finish_reason,
-            "prompt_tokens": s.prompt_tokens,
-            "completion_tokens": s.completion_tokens,
-            "gold": item.gold,
-            **{k: r[k] for k in ("strict", "flexible", "strict_correct", "flexible_correct")},
-            "correct": r["correct"],
-            "truncated": r["truncated"],
-            **{k: r[k] for k in READING_FIELDS},
-        }
+        fields = (*VERDICT_FIELDS, "truncated", *READING_FIELDS)
+        return {"id": item.id, **_sample_fields(s, item), **{k: r[k] for k in fields}}
     # self-consistency: one vote per sample on each reading; equivalence as scoring.score judges it
     kind = answers.get_extractor(extractor).answer_types[0]
     strict = majority_vote([r["strict"] for r in scored])
     flexible = majority_vote([r["flexible"] for r in scored])
     strict_ok = answers.equivalent(kind, strict, item.gold)
     flexible_ok = answers.equivalent(kind, flexible, item.gold)
+    per_sample = ("strict", "flexible", *READING_FIELDS)
     return {
         "id": item.id,
         "completions": [s.text for s in samples],
@@ -435,9 +415,7 @@ def record(
         "prompt_tokens": samples[0].prompt_tokens,
         "completion_tokens": [s.completion_tokens for s in samples],
         "gold": item.gold,
-        "sample_strict": [r["strict"] for r in scored],
-        "sample_flexible": [r["flexible"] for r in scored],
-        **{f"sample_{k}": [r[k] for r in scored] for k in READING_FIELDS},
+        **{f"sample_{k}": [r[k] for r in scored] for k in per_sample},
         "strict": strict,
         "flexible": flexible,
         "strict_correct": strict_ok,

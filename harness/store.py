@@ -22,7 +22,7 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from harness.config import canonical, config_hash
 from harness.errors import LockedError, UserError
 
-CELL_KINDS = ("traces", "eval", "dataset", "adapter", "analysis")
+CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter", "analysis")
 _KEY_RE = re.compile(r"^[0-9a-f]{20}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -53,12 +53,8 @@ def cell_key(
     """The 20-hex-digit key of a cell: its kind, resolved config, upstream keys and versions."""
     if kind not in CELL_KINDS:
         raise ValueError(f"unknown cell kind {kind!r}")
-    blob = {
-        "kind": kind,
-        "config": config,
-        "upstream": list(upstream),
-        "versions": dict(versions or {}),
-    }
+    pinned = dict(versions or {})
+    blob = {"kind": kind, "config": config, "upstream": list(upstream), "versions": pinned}
     return config_hash(blob)[:20]
 
 
@@ -87,20 +83,16 @@ def vllm_version() -> str:
 @functools.lru_cache(maxsize=1)
 def git_state() -> dict[str, Any]:
     """Commit and dirty flag of the cotgap source tree (None outside a git checkout)."""
-    repo = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
+    repo = str(Path(__file__).resolve().parents[1])
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", repo, *args], capture_output=True, text=True, timeout=10
         ).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return {"commit": None, "dirty": None}
     return {"commit": commit or None, "dirty": bool(status.strip()) if commit else None}
@@ -114,13 +106,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+_FIX = "free disk space or fix permissions"
 # the fix for a file the user named (`--out`), where writing elsewhere is also a way out
 OUT_FIX = "free disk space, fix permissions or give another output file path"
 
 
-def atomic_write_bytes(
-    path: Path, data: bytes, fix: str = "free disk space or fix permissions"
-) -> None:
+def atomic_write_bytes(path: Path, data: bytes, fix: str = _FIX) -> None:
     """Write to a temporary sibling, fsync, rename: readers see the old file or the new one. A
     failure is a UserError naming the file and `fix`, what to do about it."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,14 +127,21 @@ def atomic_write_bytes(
         raise UserError(f"{path}: could not write ({e.strerror}); {fix}, then re-run.") from None
 
 
-def atomic_write_text(
-    path: Path, text: str, fix: str = "free disk space or fix permissions"
-) -> None:
+def atomic_write_text(path: Path, text: str, fix: str = _FIX) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), fix)
 
 
+def json_text(obj: Any) -> str:
+    """The harness's JSON file form: sorted keys, indented, UTF-8 text, a final newline."""
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def jsonl_text(records: Iterable[Mapping[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def read_json(path: Path, fix: str) -> Any:
@@ -175,8 +173,7 @@ def read_jsonl(path: Path, repair: bool = False) -> list[dict]:
     data = path.read_bytes()
     cut = data.rfind(b"\n") + 1
     if cut < len(data) and repair:
-        with open(path, "r+b") as f:
-            f.truncate(cut)
+        os.truncate(path, cut)
     records = []
     for lineno, line in enumerate(data[:cut].splitlines(), 1):
         if not line.strip():
@@ -219,12 +216,6 @@ class JsonlWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> JsonlWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class Store:
     """The cells of one experiment under `root` (= <results_dir>/<experiment name>)."""
@@ -254,15 +245,17 @@ class Store:
         """Whether a cell with this key is complete, whatever its kind."""
         return any(self.complete(kind, key) for kind in CELL_KINDS)
 
+    def _dirs(self, kinds: Sequence[str]) -> Iterator[tuple[str, Path]]:
+        for k in kinds:
+            base = self.root / "cells" / k
+            for d in sorted(base.iterdir()) if base.is_dir() else []:
+                if d.is_dir() and _KEY_RE.match(d.name):
+                    yield k, d
+
     def cells(self, kind: str | None = None) -> Iterator[tuple[str, str, dict | None]]:
         """(kind, key, manifest or None when unfinished) for every cell directory."""
-        for k in [kind] if kind else CELL_KINDS:
-            base = self.root / "cells" / k
-            if not base.is_dir():
-                continue
-            for d in sorted(base.iterdir()):
-                if d.is_dir() and _KEY_RE.match(d.name):
-                    yield k, d.name, self.manifest(k, d.name)
+        for k, d in self._dirs([kind] if kind else CELL_KINDS):
+            yield k, d.name, self.manifest(k, d.name)
 
     @contextlib.contextmanager
     def lock(self, timeout: float = 0) -> Iterator[None]:
@@ -299,19 +292,15 @@ class Store:
         file missing, changed or unreadable, or a manifest that is not one. Unfinished cells are
         not damaged (a re-run resumes them)."""
         broken = []
-        for kind in CELL_KINDS:
-            base = self.root / "cells" / kind
-            for d in sorted(base.iterdir()) if base.is_dir() else []:
-                if not (d.is_dir() and _KEY_RE.match(d.name) and (d / "manifest.json").exists()):
-                    continue
-                try:
-                    manifest = self.manifest(kind, d.name)
-                except UserError:
-                    broken.append((kind, d.name, "manifest.json is damaged"))
-                    continue
-                problem = _outputs_problem(d, manifest["outputs"])
-                if problem:
-                    broken.append((kind, d.name, problem))
+        for kind, d in self._dirs(CELL_KINDS):
+            if not (d / "manifest.json").exists():
+                continue
+            try:
+                problem = _outputs_problem(d, self.manifest(kind, d.name)["outputs"])
+            except UserError:
+                problem = "manifest.json is damaged"
+            if problem:
+                broken.append((kind, d.name, problem))
         return broken
 
 

@@ -20,6 +20,7 @@ import json
 import os
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,19 +32,14 @@ from harness import answers
 from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
 from harness.errors import UserError
 from harness.sandbox import tasks as sandbox
-from harness.store import OUT_FIX, atomic_write_text
+from harness.store import OUT_FIX, atomic_write_text, jsonl_text
 
 SplitName = Literal["train", "test", "all"]
 SPLITS = ("train", "test", "all")
 AnswerFrom = Literal[
-    "plain",
-    "after_hashes",
-    "boxed",
-    "target_scores",
-    "choice_scores",
-    "yes_no_bool",
+    "plain", "after_hashes", "boxed", "target_scores", "choice_scores", "yes_no_bool",
     "leading_number",
-]
+]  # fmt: skip
 
 
 # --- the YAML schema ---------------------------------------------------------------------------------
@@ -202,10 +198,6 @@ class TaskSpec(Strict):
         return self
 
     @property
-    def hub_id(self) -> str | None:
-        return self.source.hub.id if self.source.hub else None
-
-    @property
     def source_version(self) -> int | None:
         """The version of the code that makes the items (the sandbox generators); None for data."""
         return sandbox.VERSION if self.source.sandbox is not None else None
@@ -276,20 +268,11 @@ def list_tasks_table() -> list[dict[str, Any]]:
         if spec.source.sandbox is not None:
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
-            source = spec.hub_id or "files only"
+            source = spec.source.hub.id if spec.source.hub else "files only"
         shown = [f"{k} {sizes[k]}" for k in ("train", "test") if k in sizes]
-        rows.append(
-            {
-                "name": name,
-                "version": spec.version,
-                "answer_type": spec.answer_type,
-                "extractor": spec.extractor,
-                "headline": spec.headline,
-                "source": source,
-                "splits": " / ".join(shown) or "train / test",
-                "sizes": sizes,
-            }
-        )
+        described = spec.model_dump(include={"version", "answer_type", "extractor", "headline"})
+        splits = " / ".join(shown) or "train / test"
+        rows.append({"name": name, **described, "source": source, "splits": splits, "sizes": sizes})
     return rows
 
 
@@ -423,15 +406,10 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
                     hub.id, hub.config, revision=hub.revision, split=hub_split
                 )
             except Exception as e:
-                offline = any(
-                    os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
-                    for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-                )
-                why = (
-                    "this machine is offline (HF_HUB_OFFLINE is set)"
-                    if offline
-                    else "check that the machine is online and the dataset reachable"
-                )
+                why = "check that the machine is online and the dataset reachable"
+                for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+                    if os.environ.get(flag, "").lower() in ("1", "true", "yes", "on"):
+                        why = "this machine is offline (HF_HUB_OFFLINE is set)"
                 raise UserError(
                     f"task {spec.name}: could not load {hub.id} (config {hub.config}, revision "
                     f"{hub.revision}, split {hub_split}) from the hub: {type(e).__name__}: "
@@ -446,8 +424,7 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
 
 
 def _file_list(spec: TaskSpec) -> str:
-    files = spec.source.files
-    return ", ".join(p for paths in files.splits.values() for p in paths) if files else "(none)"
+    return ", ".join(p for paths in spec.source.files.splits.values() for p in paths)
 
 
 def _sandbox_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
@@ -504,13 +481,8 @@ def _parse_choices(value: Any) -> list[tuple[str, str]] | None:
     ):
         return [(str(c["label"]), str(c["text"])) for c in value]
     if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        out = []
-        for c in value:
-            m = re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S)
-            if not m:
-                return None
-            out.append((m.group(1), m.group(2)))
-        return out
+        found = [re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S) for c in value]
+        return [(m.group(1), m.group(2)) for m in found] if all(found) else None
     return None
 
 
@@ -528,36 +500,32 @@ def _gold_and_choices(
         choices = _parse_choices(_field(spec, row, fields.choices, "answer choices"))
         if not choices:
             raise UserError(f"{row.where}: field {fields.choices!r}: not a list of answer choices.")
-    how = fields.answer_from
+    how, field = fields.answer_from, f"{row.where}: field {fields.answer!r}"
     if how == "after_hashes":
         if not isinstance(raw, str) or "####" not in raw:
-            raise UserError(f"{row.where}: field {fields.answer!r}: no '#### <answer>' line.")
+            raise UserError(f"{field}: no '#### <answer>' line.")
         raw = raw.rpartition("####")[2]
     elif how == "boxed":
         boxed = answers.last_boxed(raw) if isinstance(raw, str) else None
         if boxed is None:
-            raise UserError(f"{row.where}: field {fields.answer!r}: no \\boxed{{...}} answer.")
+            raise UserError(f"{field}: no \\boxed{{...}} answer.")
         raw = boxed
     elif how in ("target_scores", "choice_scores"):
         if how == "target_scores":
             if not isinstance(raw, dict):
-                raise UserError(
-                    f"{row.where}: field {fields.answer!r}: expected an object of scores."
-                )
+                raise UserError(f"{field}: expected an object of scores.")
             texts, scores = list(raw), list(raw.values())
         else:
             texts, scores = [t for _, t in choices or []], raw
         best = [i for i, s in enumerate(scores) if s == 1]
         if len(best) != 1 or len(scores) != len(texts):
-            raise UserError(
-                f"{row.where}: field {fields.answer!r}: needs exactly one option scored 1."
-            )
+            raise UserError(f"{field}: needs exactly one option scored 1.")
         # BIG-bench options continue the input ("...Alice has the " + "blue ball."): drop the period.
         choices = [(answers.LETTERS[i], t.strip().removesuffix(".")) for i, t in enumerate(texts)]
         raw = answers.LETTERS[best[0]] if spec.answer_type == "choice" else texts[best[0]]
     elif how == "yes_no_bool":
         if not isinstance(raw, bool):
-            raise UserError(f"{row.where}: field {fields.answer!r}: expected true or false.")
+            raise UserError(f"{field}: expected true or false.")
         raw = "yes" if raw else "no"
     elif how == "leading_number":
         raw = str(raw).split("(", 1)[0].strip()
@@ -577,12 +545,11 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
     meta: dict[str, Any] = {}
     if spec.answer_type == "choice" and choices:
         labels = [label for label, _ in choices]
-        if isinstance(raw, str) and raw.strip("() ") in labels:
-            position = labels.index(raw.strip("() "))
-        else:
+        if not (isinstance(raw, str) and raw.strip("() ") in labels):
             raise UserError(
                 f"{row.where}: field {fields.answer!r}: gold {raw!r} is not one of the labels {labels}."
             )
+        position = labels.index(raw.strip("() "))
         order = list(range(len(choices)))
         if spec.shuffle_choices:
             seed = f"{spec.split.seed if spec.split else 0}\n{question}".encode()
@@ -598,9 +565,8 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
         meta["choices"] = options or None
         if answers.canonical("choice", raw) is None and isinstance(raw, str):
             # BBH's targets are "(B)", but a few give the option's text: map it to its letter.
-            same = [
-                i for i, t in enumerate(options) if " ".join(t.split()) == " ".join(raw.split())
-            ]
+            said = " ".join(raw.split())
+            same = [i for i, t in enumerate(options) if " ".join(t.split()) == said]
             if len(same) == 1:
                 raw = answers.LETTERS[same[0]]
     gold = answers.canonical(spec.answer_type, raw)
@@ -619,9 +585,7 @@ def _make_item(spec: TaskSpec, fields: Fields, row: _Row, default_id: str) -> It
         value = _get(row.data, path)
         if value is not _MISSING:
             meta[path.rsplit(".", 1)[-1]] = value
-    item_id = default_id
-    if fields.id:
-        item_id = str(_field(spec, row, fields.id, "id"))
+    item_id = str(_field(spec, row, fields.id, "id")) if fields.id else default_id
     return Item(item_id, row.index, question, gold, meta)
 
 
@@ -667,10 +631,8 @@ def load_items(
     rows = [row for row in rows if row.index not in skip]
     items = []
     for row in rows:
-        default_id = (
-            f"{spec.name}-{row.index}" if pooled else f"{spec.name}-{row.split}-{row.index}"
-        )
-        items.append(_make_item(spec, fields, row, default_id))
+        split_part = "" if pooled else f"{row.split}-"
+        items.append(_make_item(spec, fields, row, f"{spec.name}-{split_part}{row.index}"))
     _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
     expected = _sizes(spec)
     if pooled and split != "all":
@@ -707,15 +669,14 @@ def _check_size(
     )
 
 
-def _check_unique(spec: TaskSpec, items: list[Item], wheres: list[str] | None = None) -> None:
+def _check_unique(spec: TaskSpec, items: list[Item], wheres: list[str]) -> None:
     seen: dict[str, int] = {}
     for i, item in enumerate(items):
         if item.id in seen:
-            first = items[seen[item.id]]
-            rows = f"; rows: {wheres[seen[item.id]]} and {wheres[i]}" if wheres else ""
+            j = seen[item.id]
             raise UserError(
-                f"task {spec.name}: id {item.id!r} appears twice (source_index {first.source_index} "
-                f"and {item.source_index}{rows}); ids must be unique within a task."
+                f"task {spec.name}: id {item.id!r} appears twice (source_index {items[j].source_index} "
+                f"and {item.source_index}; rows: {wheres[j]} and {wheres[i]}); ids must be unique within a task."
             )
         seen[item.id] = i
 
@@ -818,24 +779,10 @@ def items_jsonl(
     """Write a split's items as JSONL {id, source_index, question, gold}: to a file path
     (atomically), a stream, or stdout. Returns the number of items."""
     items = load_items(task, split, data_dir, limit)
-    lines = (
-        json.dumps(
-            {
-                "id": it.id,
-                "source_index": it.source_index,
-                "question": it.question,
-                "gold": it.gold,
-            },
-            ensure_ascii=False,
-        )
-        for it in items
-    )
+    keys = ("id", "source_index", "question", "gold")
+    text = jsonl_text({k: getattr(it, k) for k in keys} for it in items)
     if isinstance(out, (str, Path)):
-        atomic_write_text(Path(out), "".join(line + "\n" for line in lines), OUT_FIX)
+        atomic_write_text(Path(out), text, OUT_FIX)
     else:
-        import sys
-
-        stream = out or sys.stdout
-        for line in lines:
-            stream.write(line + "\n")
+        (out or sys.stdout).write(text)
     return len(items)

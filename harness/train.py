@@ -51,6 +51,7 @@ from harness.store import (
     Store,
     atomic_write_json,
     atomic_write_text,
+    jsonl_text,
     read_json,
     read_jsonl,
 )
@@ -67,84 +68,104 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     not once a cell (about 5 s a cell on a laptop CPU, where a sandbox LoRA run takes 1-2 s).
     Each cell still seeds, resumes and saves on its own, so the weights equal a worker of its own.
     Cells that need `accelerate launch` (several processes) get a launch each."""
-    complete = [c for c in cells if store.complete("adapter", c.key)]
-    done = {c.key: store.manifest("adapter", c.key)["summary"] for c in complete}
+    done = {c.key: m["summary"] for c in cells if (m := store.manifest("adapter", c.key))}
     todo = [c for c in cells if c.key not in done]
     for c in todo:
         if not store.complete("dataset", c.upstream[0]):
             raise UserError(
                 f"dataset cell {c.upstream[0]} is not complete; build it before training."
             )
-    shared = [c for c in todo if _single_process(c)]
+    shared = [c for c in todo if _single_process(c.train)]
     if shared:
-        done.update(_train_cells(exp, store, shared))
+        n = _workers(len(shared))
+        done.update(_train_cells(exp, store, [shared[i::n] for i in range(n)]))
     for c in todo:
         if c.key not in {s.key for s in shared}:
-            done.update(_train_cells(exp, store, [c]))
+            done.update(_train_cells(exp, store, [[c]]))
     return done
 
 
-def _single_process(cell: Adapter) -> bool:
-    return cell.train.num_processes == 1 and cell.train.accelerate_config is None
+def _workers(n_cells: int) -> int:
+    """Single-process workers training at once, each with cores/N intra-op threads: 1 unless
+    COTGAP_TRAIN_WORKERS=N says more. (Two one-thread workers may train small models faster than
+    one two-thread worker on a CPU; not measured on an idle machine yet, so not the default.)
+    Each cell's weights do not depend on its worker, only on its thread count."""
+    env = os.environ.get("COTGAP_TRAIN_WORKERS", "")
+    return min(int(env), n_cells) if env.isdigit() and int(env) > 0 else 1
 
 
-def _train_cells(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
-    """Open the cells (their locks held throughout) and run one worker over them. The worker
-    completes each cell as soon as it is trained, so a kill loses at most the cell in training
-    (back to its last checkpoint); the first cell left incomplete is reported."""
-    cfg = cells[0].train
+def _single_process(cfg: TrainConfig) -> bool:
+    return cfg.num_processes == 1 and cfg.accelerate_config is None
+
+
+def _train_cells(exp: Experiment, store: Store, groups: list[list[Adapter]]) -> dict[str, dict]:
+    """Open the cells (their locks held throughout) and run one worker per group, the groups at
+    once. A worker completes each cell as soon as it is trained, so a kill loses at most the cells
+    in training (back to their last checkpoints); the first cell left incomplete is reported."""
+    threads = max(1, (os.cpu_count() or 1) // len(groups))
     with contextlib.ExitStack() as stack:
-        outs = [
-            stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
+        cells = [c for g in groups for c in g]
+        outs = {
+            c.key: stack.enter_context(store.open_cell("adapter", c.key, c.config, c.upstream))
             for c in cells
-        ]
-        for c, out in zip(cells, outs, strict=True):
-            student = exp.model(c.student)
-            examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
-            budget = plan_budget(exp, store, c)
-            job = {
-                "model_dir": str(Path(models.resolve(student)).resolve()),
-                "chat_template": student.chat_template,
-                "trust_remote_code": student.trust_remote_code,
-                "examples": str(examples.resolve()),
-                "train": {**c.config["train"], "max_steps": budget["updates"], "epochs": None},
-                "budget": budget,
-                "seed": c.seed,
-                "merge": c.merge,
-                "label": c.label,
-                "checkpoint_seconds": exp.train.checkpoint_seconds,
-                # what the worker needs to complete the cell through the store, as this process would
-                "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
-                "n_dropped_overlong": store.manifest("dataset", c.upstream[0])["summary"][
-                    "n_dropped_overlong"
-                ],
-            }
-            out.write_json("job.json", job)
+        }
+        for c in cells:
+            outs[c.key].write_json("job.json", _job(exp, store, c))
             # a killed run's summary is not this worker's (it writes its own before completing)
-            (out.dir / "summary.json").unlink(missing_ok=True)
-        rc = _run_worker(worker_command([o.dir.resolve() for o in outs], cfg))
+            (outs[c.key].dir / "summary.json").unlink(missing_ok=True)
+        commands = [
+            worker_command([outs[c.key].dir.resolve() for c in g], g[0].train) for g in groups
+        ]
+        rc = _run_workers(commands, threads if len(groups) > 1 else None)
         summaries = {}
-        for c, out in zip(cells, outs, strict=True):
+        for c in cells:
             manifest = store.manifest("adapter", c.key)
             if manifest is None:
                 raise UserError(
                     f"training of adapter cell {c.label} ({c.key}) stopped (worker exit code {rc}, "
                     f"its error is above); fix that and re-run to resume from "
-                    f"{out.dir / 'checkpoints'}."
+                    f"{outs[c.key].dir / 'checkpoints'}."
                 )
             summaries[c.key] = manifest["summary"]
     return summaries
 
 
-def _run_worker(cmd: list[str]) -> int:
-    """Run the worker; when this process is interrupted, stop it (SIGTERM, then SIGKILL) with its
-    own children (the ranks of `accelerate launch`), so nothing trains on after we are gone."""
-    proc = subprocess.Popen(cmd)
+def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
+    """What the worker needs to train one cell, and to complete it through the store."""
+    student = exp.model(c.student)
+    examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+    dataset = store.manifest("dataset", c.upstream[0])["summary"]
+    budget = plan_budget(exp, store, c)  # counted from the datasets before training
+    return {
+        "model_dir": str(Path(models.resolve(student)).resolve()),
+        "chat_template": student.chat_template,
+        "trust_remote_code": student.trust_remote_code,
+        "examples": str(examples.resolve()),
+        "train": {**c.config["train"], "max_steps": budget["updates"], "epochs": None},
+        "budget": budget,
+        "seed": c.seed,
+        "merge": c.merge,
+        "label": c.label,
+        "checkpoint_seconds": exp.train.checkpoint_seconds,
+        "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
+        "n_dropped_overlong": dataset["n_dropped_overlong"],
+    }
+
+
+def _run_workers(commands: list[list[str]], threads: int | None) -> int:
+    """Run the workers (with `threads` intra-op threads each, when given) and wait for all; the
+    first non-zero exit code, else 0. When this process is interrupted, stop them (SIGTERM, then
+    SIGKILL) with their own children (the ranks of `accelerate launch`), so nothing trains on
+    after we are gone."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    procs = [subprocess.Popen(cmd, env=env) for cmd in commands]
     try:
-        return proc.wait()
+        codes = [p.wait() for p in procs]
     except BaseException:
-        stop_tree(proc.pid)
+        for p in procs:
+            stop_tree(p.pid)
         raise
+    return next((rc for rc in codes if rc), 0)
 
 
 def stop_tree(pid: int, grace: float = 10.0) -> None:
@@ -169,7 +190,7 @@ def worker_command(cell_dirs: Path | Sequence[Path], cfg: TrainConfig) -> list[s
     dirs = [cell_dirs] if isinstance(cell_dirs, Path) else list(cell_dirs)
     worker = ["-m", "harness.train", *(a for d in dirs for a in ("--cell-dir", str(d)))]
     worker += ["--owner-pid", str(os.getpid())]
-    if cfg.num_processes == 1 and cfg.accelerate_config is None:
+    if _single_process(cfg):
         return [sys.executable, *worker]
     launch = [sys.executable, "-m", "accelerate.commands.launch"]
     launch += ["--num_processes", str(cfg.num_processes)]
@@ -258,7 +279,10 @@ def _lengths(store: Store, dataset_key: str) -> list[int]:
 
 def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
+    import psutil  # a dependency of accelerate
     from accelerate.utils import set_seed
+
+    from harness.progress import StageProgress
 
     started = time.time()
     job = read_json(cell_dir / "job.json", f"delete {cell_dir} and re-run to train that cell again")
@@ -284,9 +308,12 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     model.train()
     began = time.perf_counter() - progress["elapsed"]
     saved = time.perf_counter()
-    with _progress_bar(acc, job, progress["step"], total) as bar:
+    # steps, tokens/s and the loss, shown by the main process (the others stay quiet)
+    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
+    bar.update({"total": total - progress["step"]})
+    with bar:
         for step in range(progress["step"] + 1, total + 1):
-            if owner_pid and not _alive(owner_pid):
+            if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
             batches = [collate(data, next(stream), pad) for _ in range(ga)]
             lr = optimizer.param_groups[0]["lr"]
@@ -341,15 +368,6 @@ def _complete(cell_dir: Path, job: dict, summary: dict, started: float) -> None:
     full = {**summary, "n_dropped_overlong": job["n_dropped_overlong"], "budget": job.get("budget")}
     cell.finish(full, packages=TRAIN_PACKAGES, start=started, exclude=("checkpoints",))
     shutil.rmtree(cell_dir / "checkpoints", ignore_errors=True)
-
-
-def _progress_bar(acc: Any, job: dict, done: int, total: int) -> Any:
-    """Steps done, tokens/s and the loss, shown by the main process (the others stay quiet)."""
-    from harness.progress import StageProgress
-
-    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
-    bar.update({"total": total - done})
-    return bar
 
 
 def _precision(cfg: TrainConfig) -> str:
@@ -539,14 +557,8 @@ def _open_log(acc: Any, cell_dir: Path, step: int) -> JsonlWriter | None:
         return None
     path = cell_dir / "train_log.jsonl"
     kept = [r for r in read_jsonl(path, repair=True) if r["step"] <= step]
-    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    atomic_write_text(path, jsonl_text(kept))
     return JsonlWriter(path)
-
-
-def _alive(pid: int) -> bool:
-    with contextlib.suppress(ProcessLookupError):
-        return os.kill(pid, 0) is None
-    return False
 
 
 def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, merge: bool, method: str) -> None:

@@ -94,7 +94,7 @@ def test_expansion_has_every_row_once_with_its_cells(test_grid: tuple) -> None:
         every = [g.traces[task, t.name].key for t in exp.teachers]
         assert d.dataset.upstream == regimes.inputs(regime, d.traces.key, every)
         assert d.dataset.config["teacher"] == g.traces[task, teacher].key
-        assert (d.baseline.phase, d.dataset.phase, d.adapter.phase, d.eval.phase) == (2, 3, 4, 5)
+        assert (d.baseline.phase, d.dataset.phase, d.adapter.phase, d.eval.phase) == (2, 3, 5, 6)
 
 
 def test_cells_are_typed_and_name_their_stage_and_phase(test_grid: tuple) -> None:

@@ -20,9 +20,9 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine"},
     {"cells"},
     {"grid", "selection"},
-    {"generate", "evaluate", "dataset", "train", "metric", "metric.cotgap_accuracy"},
+    {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
-    {"plan", "analyze", "report"},
+    {"plan", "analyze", "report", "screening", "view", "export", "tracking"},
     {"cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

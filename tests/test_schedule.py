@@ -55,7 +55,7 @@ def test_local_runs_phase_by_phase_with_one_group_per_model_and_one_training_wor
     exp, g, store = setup
     stages, counts = run(exp, g, store)
     phases = [g.by_key()[keys[0]].phase for _, keys in stages.calls]
-    assert phases == sorted(phases) and set(phases) == {1, 2, 3, 4, 5}
+    assert phases == sorted(phases) and set(phases) == {1, 2, 3, 5, 6}  # no screen: section
     by_kind = [(k, len(keys)) for k, keys in stages.calls]
     # traces: one group per teacher; pre-evals: one per model; every adapter in one worker;
     # distilled evals: one session for the student
@@ -65,7 +65,7 @@ def test_local_runs_phase_by_phase_with_one_group_per_model_and_one_training_wor
     assert counts == {"traces": 2, "eval": 9, "dataset": 6, "adapter": 6}
     assert all(store.complete(c.kind, c.key) for c in g)
     events = schedule.read_events(store)
-    assert [e["phase"] for e in events if e["event"] == "phase_done"] == [1, 2, 3, 4, 5]
+    assert [e["phase"] for e in events if e["event"] == "phase_done"] == [1, 2, 3, 5, 6]
     assert events[-1]["event"] == "run_done" and events[-1]["counts"] == counts
 
 

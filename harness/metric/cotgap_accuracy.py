@@ -61,10 +61,9 @@ class CotgapAccuracy(evaluate.Metric):
         choices = choices or [None] * n
         if len(finish_reasons) != n or len(choices) != n:
             raise ValueError("finish_reasons and choices need one entry per prediction")
+        rows = zip(predictions, references, finish_reasons, choices, strict=True)
         records = []
-        for text, gold, finish, opts in zip(
-            predictions, references, finish_reasons, choices, strict=True
-        ):
+        for text, gold, finish, opts in rows:
             scored = scoring.score(spec, text, gold, finish, extractor, opts)
             records.append({**scored, "finish_reason": finish, "completion_tokens": None})
         out = scoring.rates(records, spec.headline)

@@ -177,15 +177,9 @@ def generate_items(generator: str, split: str, n: int, seed: int) -> list[dict]:
         if question in seen or split_of(generator, question) != split:
             continue
         seen.add(question)
+        item_id = f"{generator}-{split}-{seed}-{len(items)}"
         rationale = f"{steps} The answer is {answer}."
-        items.append(
-            {
-                "id": f"{generator}-{split}-{seed}-{len(items)}",
-                "question": question,
-                "answer": answer,
-                "rationale": rationale,
-            }
-        )
+        items.append(dict(zip(FIELDS, (item_id, question, answer, rationale), strict=True)))
     if len(items) < n:
         raise UserError(
             f"sandbox generator {generator!r} ran out of unique {split} questions after {len(items)}; ask for fewer than {n}."

@@ -11,14 +11,8 @@ from __future__ import annotations
 
 import string
 
-USER, ASSISTANT, SYSTEM, END, PAD, UNK = (
-    "<|user|>",
-    "<|assistant|>",
-    "<|system|>",
-    "<|end|>",
-    "<pad>",
-    "<unk>",
-)
+USER, ASSISTANT, SYSTEM, END = "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"
+PAD, UNK = "<pad>", "<unk>"
 SPECIALS = (PAD, UNK, END, USER, ASSISTANT, SYSTEM)
 CHARS = "\n" + "".join(c for c in string.printable if c.isprintable())
 

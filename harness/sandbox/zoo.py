@@ -28,9 +28,9 @@ models are later asked to do and only adds noise to the gradient.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
+import json
 import math
 import os
 import random
@@ -38,7 +38,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,11 +132,8 @@ def _shipped_sums() -> dict[str, str]:
     path = SHIPPED / SUMS
     if not path.is_file():
         return {}
-    sums = {}
-    for line in path.read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        sums[rel.strip()] = digest.strip()
-    return sums
+    lines = (line.partition("  ") for line in path.read_text().splitlines())
+    return {rel.strip(): digest.strip() for digest, _, rel in lines}
 
 
 def shipped(name: str) -> Path | None:
@@ -144,13 +141,8 @@ def shipped(name: str) -> Path | None:
     with COTGAP_ZOO=rebuilt: then `sandbox:<name>` means this machine's own rebuild)."""
     if os.environ.get("COTGAP_ZOO", "shipped").lower() == "rebuilt":
         return None
-    d = SHIPPED / name
-    info = d / "zoo.json"
-    if not info.is_file():
-        return None
-    import json
-
-    return d if json.loads(info.read_text()).get("hash") == recipe_hash(name) else None
+    info = _shipped_info(name)
+    return SHIPPED / name if info and info.get("hash") == recipe_hash(name) else None
 
 
 @functools.cache
@@ -231,24 +223,22 @@ def build(
     todo = [n for n in names if n not in out]
     if todo:
         root.mkdir(parents=True, exist_ok=True)
-    with _progress(progress and bool(todo)) as report:
-        for name in todo:
-            final = root / f"{name}-{recipe_hash(name, seed)}"
-            with FileLock(str(root / f".{final.name}.lock")):
-                if not (final / "zoo.json").is_file():
-                    _build_one(name, seed, final, report)
-            out[name] = final
+    for name in todo:
+        final = root / f"{name}-{recipe_hash(name, seed)}"
+        with FileLock(str(root / f".{final.name}.lock")):
+            if not (final / "zoo.json").is_file():
+                _build_one(name, seed, final, progress)
+        out[name] = final
     return {n: out[n] for n in names}
 
 
-def _build_one(name: str, seed: int | None, final: Path, report: Callable[..., None]) -> None:
-    for stale in final.parent.glob(
-        f".tmp-{final.name}-*"
-    ):  # left by a killed build; we hold the lock
+def _build_one(name: str, seed: int | None, final: Path, progress: bool) -> None:
+    # left by a killed build; we hold the lock
+    for stale in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     try:
-        info = _train_and_save(name, seed, tmp, report)
+        info = _train_and_save(name, seed, tmp, progress)
         from harness.store import atomic_write_json
 
         atomic_write_json(tmp / "zoo.json", info)
@@ -342,8 +332,9 @@ def _lr_at(step: int, recipe: Recipe) -> float:
     return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[..., None]) -> dict:
-    """Pretrain, evaluate, save a standard model directory into `out`; return zoo.json's content."""
+def _train_and_save(name: str, seed: int | None, out: Path, progress: bool) -> dict:
+    """Pretrain, evaluate, save a standard model directory into `out`; return zoo.json's content.
+    With `progress`, a bar while pretraining (steps, tokens/s, loss), then a line of accuracies."""
     import torch
     import transformers
     from transformers import GenerationConfig
@@ -357,17 +348,16 @@ def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[...
     torch.set_num_threads(threads)  # the weights depend on it (reduction order): recorded below
     try:
         start = time.time()
-        model, stats = _pretrain(name, recipe, report, precision)
+        model, stats = _pretrain(name, recipe, precision, progress)
         tokenizer = make_tokenizer()
         accuracy = evaluate(model, tokenizer, [g for g, _ in recipe.mixture], recipe.eval_items)
-        report(name, accuracy=accuracy)
+        if progress:
+            scores = "  ".join(f"{g} {a:.0%}" for g, a in accuracy.items())
+            print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
-        GenerationConfig(
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            do_sample=False,
-        ).save_pretrained(out)
+        ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+        GenerationConfig(**ids, do_sample=False).save_pretrained(out)
     finally:
         torch.set_num_threads(saved_threads)
     return {
@@ -397,11 +387,13 @@ def _train_and_save(name: str, seed: int | None, out: Path, report: Callable[...
 
 
 def _pretrain(
-    name: str, recipe: Recipe, report: Callable[..., None], precision: str = "fp32"
+    name: str, recipe: Recipe, precision: str = "fp32", progress: bool = False
 ) -> tuple[Any, dict]:
     """AdamW with warmup and cosine decay to 10%, loss on the assistant tokens; bf16 autocast
     when `precision` is "bf16" (weights and optimizer stay fp32 either way)."""
     import torch
+
+    from harness.progress import StageProgress
 
     torch.manual_seed(recipe.seed)
     start = time.time()
@@ -414,22 +406,23 @@ def _pretrain(
         lr=recipe.lr,
         betas=(0.9, 0.95),
     )
-    report(name, {"total": recipe.steps}, params=params)
     model.train()
     tokens = loss_ema = 0.0
-    for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
-        for group in opt.param_groups:
-            group["lr"] = _lr_at(step, recipe)
-        # bf16 autocast: ~1.5x faster than fp32 where bf16 is native, ~6x slower where emulated
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
-            loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        tokens += n_tokens
-        loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
-        report(name, {"fields": f"loss {loss_ema:.3f}", "samples": 1, "tokens": n_tokens})
+    with StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", progress) as bar:
+        bar.update({"total": recipe.steps})
+        for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, recipe)
+            # bf16 autocast: ~1.5x faster than fp32 where bf16 is native, ~6x slower where emulated
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            tokens += n_tokens
+            loss_ema = loss.item() if step == 0 else 0.95 * loss_ema + 0.05 * loss.item()
+            bar.update({"fields": f"loss {loss_ema:.3f}", "samples": 1, "tokens": n_tokens})
     model.eval()
     stats = {
         "params": params,
@@ -478,41 +471,13 @@ def evaluate(
                     pad_token_id=pad,
                 )
             texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-            correct += sum(
-                extract_answer(t) == it["answer"] for t, it in zip(texts, batch, strict=True)
-            )
+            pairs = zip(texts, batch, strict=True)
+            correct += sum(extract_answer(t) == it["answer"] for t, it in pairs)
         accuracy[gen] = round(correct / n, 3)
     return accuracy
 
 
-# --- progress and CLI -----------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[..., None]]:
-    """`report(name, event, params=, accuracy=)`: a `StageProgress` per model being built (steps,
-    tokens/s, loss); `params` starts a model's bar, `accuracy` ends it with one summary line."""
-    from harness.progress import StageProgress
-
-    bars: dict[str, StageProgress] = {}
-
-    def report(name: str, event: dict | None = None, params: int | None = None, accuracy=None):
-        if params is not None:
-            bars[name] = StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", enabled)
-            bars[name].__enter__()
-        if event:
-            bars[name].update(event)
-        if accuracy is not None:
-            bars.pop(name).__exit__()
-            if enabled:
-                scores = "  ".join(f"{g} {a:.0%}" for g, a in accuracy.items())
-                print(f"  zoo {name}: built; accuracy {scores}", file=sys.stderr, flush=True)
-
-    try:
-        yield report
-    finally:
-        for bar in bars.values():
-            bar.__exit__()
+# --- CLI -----------------------------------------------------------------------------------------
 
 
 def build_cli(
@@ -525,8 +490,6 @@ def build_cli(
     """`cotgap sandbox build [NAMES...] --profile demo|test [--check] [--ship]`: rebuild from
     scratch into the cache, print the table; `--check` adds the shipped model's accuracies and
     the differences, `--ship` (for maintainers) replaces the shipped models with the rebuild."""
-    import json
-
     from rich.table import Table
 
     from harness.progress import console
@@ -565,8 +528,6 @@ def _scores(acc: dict[str, float]) -> str:
 
 
 def _shipped_info(name: str) -> dict | None:
-    import json
-
     info = SHIPPED / name / "zoo.json"
     return json.loads(info.read_text()) if info.is_file() else None
 
@@ -595,11 +556,9 @@ def ship_models(dirs: dict[str, Path]) -> None:
 
 
 def _model_card(models: list[str]) -> str:
-    import json
-
     rows = []
     for n in models:
-        info = json.loads((SHIPPED / n / "zoo.json").read_text())
+        info = _shipped_info(n)
         r = info["recipe"]
         arch = f"{r['layers']}L h{r['hidden']} ff{r['intermediate']} heads {r['heads']}"
         rows.append(
@@ -607,7 +566,7 @@ def _model_card(models: list[str]) -> str:
             f"x {r['batch_size']} | {info.get('precision', '?')} | {info['train_s']:.0f} | "
             f"{_scores(info['accuracy'])} |"
         )
-    flags = json.loads((SHIPPED / models[0] / "zoo.json").read_text()).get("precision_choice", {})
+    flags = _shipped_info(models[0]).get("precision_choice", {})
     return MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
 
 

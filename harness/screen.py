@@ -1,0 +1,219 @@
+"""Stage: student-side screening of teacher traces. A screen cell runs one forward pass of the
+student over its dataset cell's examples (the tokens training would see, masked as training masks
+them) and records, per example, how the student predicts every completion token; no training.
+
+    cotgap screen configs/sandbox.yaml        # screens, then analysis/screen.csv
+
+Per example (`signals.jsonl`), over the completion tokens and the EOS (training's labels):
+  nll          mean negative log-likelihood (nats) of the tokens under the student
+  mean_rank    mean rank of each token among the student's next-token logits (1 = its argmax;
+               ties count in the token's favour: 1 + the number of strictly larger logits)
+  median_rank  median of those ranks
+  rsr          rank-surprisal ratio, mean_rank / nll: our reading of arXiv 2601.14249 ("the ratio
+               of a trajectory's average token-wise rank to its average negative log-likelihood";
+               lower is better there: surprising tokens that the student still ranks high). Ranks
+               are not clipped here.
+  top1, top5   share of the tokens that are the student's first choice / among its first five
+With `screen.max_examples: N`, a seeded sample of N examples is screened (in the key when set).
+With `screen.local_window: W`, also
+  local_nll    local naturalness (arXiv 2510.03988, as we read it; negated): each reasoning step's
+               (sentence or line) mean NLL given only the prompt and the W steps before it,
+               averaged over the trace's steps. One more forward pass per step.
+The cell's summary holds their means over the examples, the dataset's size (`n_examples`; the
+examples screened: `n_screened`), the teacher's train yield, and the cost (wall time, tokens
+scored, tokens per second).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import random
+import re
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from harness import models
+from harness.cells import SCREEN_SIGNALS, Screen
+from harness.config import Experiment, ScreenConfig
+from harness.dataset import encode, load_tokenizer
+from harness.errors import UserError
+from harness.store import Store, read_jsonl
+from harness.train import collate
+
+SAMPLE_SEED = 0
+SIGNALS = SCREEN_SIGNALS
+STEP = re.compile(r".*?(?:[.!?](?=\s|$)|\n|$)\s*", re.S)  # a sentence or a line, with its spaces
+
+
+def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:
+    """Compute screen cells, loading each student once; returns their summaries by key."""
+    todo = [c for c in cells if not store.complete(c.kind, c.key)]
+    for c in todo:
+        if not store.complete("dataset", c.upstream[0]):
+            raise UserError(f"dataset cell {c.upstream[0]} is not complete; build it first.")
+    batch_size = (exp.screen or ScreenConfig()).batch_size
+    done = {}
+    for student in dict.fromkeys(c.student for c in todo):
+        spec = exp.model(student)
+        model_dir = models.resolve(spec)
+        tok = load_tokenizer(model_dir, spec.chat_template, spec.trust_remote_code)
+        model, device = load_model(model_dir, spec.trust_remote_code)
+        for c in (c for c in todo if c.student == student):
+            done[c.key] = screen_cell(store, c, model, tok, spec.chat_template, batch_size, device)
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return done
+
+
+def load_model(model_dir: str, trust_remote_code: bool) -> tuple[Any, str]:
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, trust_remote_code=trust_remote_code
+    )
+    return model.to(device).eval(), device
+
+
+def screen_cell(
+    store: Store, cell: Screen, model: Any, tok: Any, chat: bool, batch_size: int, device: str
+) -> dict:
+    """Score one dataset cell's examples with the loaded student and complete the screen cell
+    (its manifest's wall_s is the cell's cost: reading, encoding, the forward passes, writing)."""
+    ds_dir = store.cell_dir("dataset", cell.upstream[0])
+    with store.open_cell("screen", cell.key, cell.config, cell.upstream) as out:
+        began = time.perf_counter()
+        every = read_jsonl(ds_dir / "examples.jsonl")
+        records = sample(every, cell.config.get("max_examples"))
+        data = [encode(tok, r["prompt"], r["completion"], chat) for r in records]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        rows = signals(model, data, batch_size, device, pad)
+        if cell.config.get("local_window"):
+            window = cell.config["local_window"]
+            local = local_nll(model, tok, records, chat, window, batch_size, device, pad)
+            rows = [{**row, "local_nll": v} for row, v in zip(rows, local, strict=True)]
+        seconds = time.perf_counter() - began
+        teacher_traces = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]
+        traces = store.manifest("traces", teacher_traces) or {}
+        n_tokens = sum(r["n_tokens"] for r in rows)
+        names = [k for k in (rows[0] if rows else SIGNALS) if k != "n_tokens"]  # + local_nll
+        summary = {
+            **{s: _mean([r[s] for r in rows]) for s in names},
+            "n_examples": len(every),  # the teacher's data count
+            "n_screened": len(rows),
+            "n_tokens": n_tokens,
+            "teacher_train_acc": traces.get("summary", {}).get("yield"),
+            "device": device,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(n_tokens / seconds, 1) if seconds > 0 else None,
+        }
+        keys = [{"id": r["id"], "sample": r["sample"]} for r in records]
+        text = "".join(json.dumps({**k, **row}) + "\n" for k, row in zip(keys, rows, strict=True))
+        out.write_text("signals.jsonl", text)
+        out.finish(summary, packages=("torch", "transformers"))
+    return summary
+
+
+def steps(completion: str) -> list[str]:
+    """A completion cut into its reasoning steps: sentences (a `.`, `!` or `?` before a space or
+    the end; not the point of 3.5) and lines, each with the spaces after it; they join back to it."""
+    return [m for m in STEP.findall(completion) if m]
+
+
+def local_nll(
+    model: Any,
+    tok: Any,
+    records: list[dict],
+    chat: bool,
+    window: int,
+    batch_size: int,
+    device: str,
+    pad: int,
+) -> list[float]:
+    """Local naturalness, as we read arXiv 2510.03988 (negated, so lower is better like `nll`): each
+    step's mean NLL given only the prompt and the `window` steps before it, averaged over the steps
+    of a trace. Steps are tokenized one by one (exact for a character tokenizer; at step borders a
+    BPE tokenizer may split a word differently than in the whole completion)."""
+    data, owner = [], []
+    for n, r in enumerate(records):
+        ids, n_prompt = encode(tok, r["prompt"], "", chat)
+        prompt = ids[:n_prompt]
+        parts = steps(r["completion"])
+        for i, step in enumerate(parts):
+            context = tok("".join(parts[max(0, i - window) : i]), add_special_tokens=False)
+            target = tok(step, add_special_tokens=False)["input_ids"]
+            if i == len(parts) - 1:
+                target = [*target, tok.eos_token_id]
+            head = [*prompt, *context["input_ids"]]
+            data.append(([*head, *target], len(head)))
+            owner.append(n)
+    per_step = signals(model, data, batch_size, device, pad)
+    out: list[list[float]] = [[] for _ in records]
+    for n, row in zip(owner, per_step, strict=True):
+        out[n].append(row["nll"])
+    return [_mean(v) for v in out]
+
+
+def sample(records: list[dict], k: int | None) -> list[dict]:
+    """`k` of the records (seeded, in their order), or all of them."""
+    if k is None or k >= len(records):
+        return records
+    return [records[i] for i in sorted(random.Random(SAMPLE_SEED).sample(range(len(records)), k))]
+
+
+def _mean(xs: list[float]) -> float:
+    return float(np.mean(xs)) if xs else math.nan
+
+
+@torch.inference_mode()
+def signals(
+    model: Any, data: list[tuple[list[int], int]], batch_size: int, device: str, pad_id: int
+) -> list[dict[str, Any]]:
+    """Per example (token ids, prompt length; as harness/dataset.py encodes it): the signals over
+    the positions training puts its loss on (train.collate's labels). Batched by length."""
+    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
+    out: list[dict[str, Any]] = [{}] * len(data)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        b = collate(data, idx, pad_id)
+        logits = model(
+            input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)
+        ).logits.float()
+        rows = token_signals(logits[:, :-1], b["labels"][:, 1:].to(device))
+        for i, row in zip(idx, rows, strict=True):
+            out[i] = row
+    return out
+
+
+def token_signals(logits: torch.Tensor, targets: torch.Tensor) -> list[dict[str, Any]]:
+    """The signals of each row of a batch: `logits` (rows x positions x vocab) predict `targets`
+    (rows x positions; -100 where there is no loss)."""
+    mask = targets != -100
+    tgt = targets.clamp(min=0)[..., None]
+    target_logit = logits.gather(-1, tgt)
+    nll = -(logits.gather(-1, tgt) - logits.logsumexp(-1, keepdim=True))[..., 0].double()
+    ranks = (logits > target_logit).sum(-1).double() + 1
+    n = mask.sum(1)
+    means = {
+        "nll": (nll * mask).sum(1) / n,
+        "mean_rank": (ranks * mask).sum(1) / n,
+        "top1": ((ranks == 1) & mask).sum(1) / n,
+        "top5": ((ranks <= 5) & mask).sum(1) / n,
+    }
+    means = {k: v.cpu().tolist() for k, v in means.items()}
+    ranks, mask, n = ranks.cpu().numpy(), mask.cpu().numpy(), n.cpu().tolist()
+    rows = []
+    for r in range(len(n)):
+        row = {"n_tokens": int(n[r]), **{k: v[r] for k, v in means.items()}}
+        row["median_rank"] = float(np.median(ranks[r][mask[r]]))
+        row["rsr"] = row["mean_rank"] / row["nll"] if row["nll"] > 0 else math.inf
+        rows.append(row)
+    return rows
