@@ -451,11 +451,12 @@ def test_a_kill_during_a_group_keeps_the_cells_it_finished(
 
 
 def test_time_based_checkpoints_resume_to_the_same_weights(toy: tuple, trained: tuple) -> None:
-    """checkpoint_every 0, checkpoint_seconds 1: a checkpoint once a second of training went by;
-    killed after one, resumed, the weights equal the uninterrupted run's bit for bit."""
+    """checkpoint_every 0, checkpoint_seconds 0.3: a checkpoint once 0.3 s of training went by (the
+    toy trains ~2 s, so the first lands mid-run on any machine); killed after one, resumed, the
+    weights equal the uninterrupted run's bit for bit."""
     exp, store, adapter = toy
     fast = exp.model_copy(
-        update={"train": exp.train.model_copy(update={"checkpoint_seconds": 1.0})}
+        update={"train": exp.train.model_copy(update={"checkpoint_seconds": 0.3})}
     )
     config = {**adapter.config, "train": {**adapter.config["train"], "checkpoint_every": 0}}
     cell = dataclasses.replace(adapter, key="c" * 20, config=config)
