@@ -252,6 +252,15 @@ def _print_summary(leaderboard: Path) -> None:
     _console(stderr=False).print(table)
 
 
+def _check_names(exp, **filters: str | None) -> None:
+    """A model or task named on the command line exists in the experiment (else a UserError)."""
+    for key, name in filters.items():
+        if name is not None and key in ("model", "teacher", "student"):
+            exp.model(name)
+        if name is not None and key == "task":
+            exp.task(name)
+
+
 def _stage(
     config: Path, stage: str, wait: float, merge: bool = False, **filters: str | None
 ) -> None:
@@ -262,11 +271,7 @@ def _stage(
     exp = _load(config)
     if merge:  # merged adapters are other cells (merge is part of an adapter's key)
         exp = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
-    for key, name in filters.items():
-        if name is not None and key in ("model", "teacher", "student"):
-            exp.model(name)
-        if name is not None and key == "task":
-            exp.task(name)
+    _check_names(exp, **filters)
     store = Store(exp.root)
     cells = grid.expand(exp).select(**filters)
     with store.lock(timeout=wait):
@@ -415,10 +420,7 @@ def screen(
     from harness.store import Store
 
     exp = screening.screened(_load(config))
-    if student is not None:
-        exp.model(student)
-    if task is not None:
-        exp.task(task)
+    _check_names(exp, student=student, task=task)
     store = Store(exp.root)
     cells = grid.expand(exp).select(kind="screen", model=student, task=task)
     with store.lock(timeout=wait):
