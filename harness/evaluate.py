@@ -19,6 +19,9 @@ answer, so it has no vote). The raw completions are kept: `cotgap score` re-scor
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
 import time
 import uuid
 from pathlib import Path
@@ -105,13 +108,20 @@ def work(
         session = _start(exp, group[0][0], model_dir, adapters) if own else engine
         session_id = uuid.uuid4().hex[:12]
         print(f"engine session {session_id}: {session.name} on {session.model_dir}", flush=True)
-        for c, task, items in group:
-            results[c.key] = _evaluate_cell(
-                exp, store, c, task, items, session, served[c.key][1], session_id, chunk_seqs
+        batches: dict[str, list] = {}  # cells under one eval config share the engine's batches
+        for entry in group:
+            batches.setdefault(eval_config_json(entry[0].eval_config(exp)), []).append(entry)
+        for batch in batches.values():
+            adapter_of = {c.key: served[c.key][1] for c, _, _ in batch}
+            results.update(
+                _evaluate_cells(exp, store, batch, session, adapter_of, session_id, chunk_seqs)
             )
         if own:
             session.close()
     return results
+
+
+MAX_LORAS = 16  # adapters one vLLM batch may mix: every one of them holds a slot of LoRA weights
 
 
 def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str]) -> Engine:
@@ -122,57 +132,120 @@ def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str
         spec = spec.model_copy(update={"path": model_dir})
     rank = max([exp.train.lora.r, *map(adapter_rank, adapters)]) if adapters else None
     engines.emit({"status": f"starting the {ev.engine} engine"})
-    return engines.load(ev.engine, spec, lora_rank=rank)
+    slots = max(1, min(len(set(adapters)), MAX_LORAS))
+    return engines.load(ev.engine, spec, lora_rank=rank, max_loras=slots)
 
 
-def _evaluate_cell(
+@dataclasses.dataclass(eq=False)  # a job is itself: hashed and compared by identity
+class _Job:
+    """One eval cell being computed: the open cell, its writer, the records so far."""
+
+    cell: Any
+    task: tasks.TaskSpec
+    items: list[tasks.Item]
+    adapter: str | None
+    out: Any
+    writer: Any
+    records: list[dict]
+    resumed: int = 0  # items already on disk when the run began
+    tokens: int = 0  # completion tokens generated for this cell
+    generation_s: float = 0.0  # wall time of the engine calls its items were in
+    batch_tokens: int = 0  # completion tokens of those calls, every cell's
+
+    @property
+    def todo(self) -> list[tasks.Item]:
+        return self.items[len(self.records) :]
+
+
+def _evaluate_cells(
     exp: Experiment,
     store: Store,
-    cell: Any,
-    task: tasks.TaskSpec,
-    items: list[tasks.Item],
+    entries: list[tuple[Any, tasks.TaskSpec, list[tasks.Item]]],
     engine: Engine,
-    adapter: str | None,
+    adapter_of: dict[str, str | None],
     session_id: str,
     chunk_seqs: int,
-) -> dict[str, Any]:
-    ev = cell.eval_config(exp)  # a select cell's prompt style differs from the experiment's
-    sampling, extractor = Sampling.from_config(ev), cell.extractor
-    engines.emit({"cell": cell.label})
-    with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
-        c.write_text(EVAL_CONFIG, eval_config_json(ev))
-        scoring.rescore_partial(c.dir, exp.data_dir)
-        out = c.jsonl(PREDICTIONS)
-        records = _resumable(out.records, items, c.dir)
-        engines.emit({"skipped": len(records) * ev.n})
-        todo, per_chunk = items[len(records) :], max(1, chunk_seqs // ev.n)
-        t0, tokens = time.perf_counter(), 0
+) -> dict[str, dict]:
+    """Eval cells of one engine session under one eval config, computed together: their items go
+    to the engine in shared windows of `chunk_seqs` sequences (cell after cell, each request with
+    its cell's adapter), so that an engine serving a dozen adapters keeps its batches full. Each
+    cell's predictions are written in item order, and the cell is completed as soon as its last
+    item is in; a killed run keeps every record written."""
+    # a select cell's prompt style differs from the experiment's
+    ev = entries[0][0].eval_config(exp)
+    sampling = Sampling.from_config(ev)
+    results: dict[str, dict] = {}
+    with contextlib.ExitStack() as stack:
+        jobs = []
+        for cell, task, items in entries:
+            out = stack.enter_context(
+                store.open_cell(cell.kind, cell.key, cell.config, cell.upstream)
+            )
+            out.write_text(EVAL_CONFIG, eval_config_json(ev))
+            scoring.rescore_partial(out.dir, exp.data_dir)
+            writer = out.jsonl(PREDICTIONS)
+            records = _resumable(writer.records, items, out.dir)
+            engines.emit({"skipped": len(records) * ev.n})
+            job = _Job(cell, task, items, adapter_of[cell.key], out, writer, records, len(records))
+            jobs.append(job)
+        todo = [(job, item) for job in jobs for item in job.todo]
+        for job in jobs:
+            if not job.todo:  # every prediction was written before a kill
+                results[job.cell.key] = _finish(exp, job, engine, session_id, 1)
+        per_chunk = max(1, chunk_seqs // ev.n)
         for start in range(0, len(todo), per_chunk):
             window = todo[start : start + per_chunk]
-            batch = requests(task, window, ev, exp.data_dir)
-            for i, samples in engines.in_request_order(engine.stream(batch, sampling, adapter)):
-                rec = record(task, window[i], samples, extractor, ev.decoding)
-                out.write(rec)
-                records.append(rec)
+            shared = list(dict.fromkeys(job for job, _ in window))
+            more = f" (+{len(shared) - 1} more)" if len(shared) > 1 else ""
+            engines.emit({"cell": shared[0].cell.label + more})
+            batch = [
+                r
+                for job, pairs in itertools.groupby(window, key=lambda pair: pair[0])
+                for r in requests(job.task, [it for _, it in pairs], ev, exp.data_dir)
+            ]
+            t0, tokens = time.perf_counter(), 0
+            stream = engine.stream(batch, sampling, [job.adapter for job, _ in window])
+            for i, samples in engines.in_request_order(stream):
+                job, item = window[i]
+                rec = record(job.task, item, samples, job.cell.extractor, ev.decoding)
+                job.writer.write(rec)
+                job.records.append(rec)
+                job.tokens += sum(s.completion_tokens for s in samples)
                 tokens += sum(s.completion_tokens for s in samples)
-        gen_s = time.perf_counter() - t0
-        metrics = summarize(records, task.headline, exp.analysis)
-        metrics.update(
-            task=task.name,
-            task_version=task.version,
-            extractor=extractor,
-            extractor_version=answers.get_extractor(extractor).version,
-            decoding=ev.decoding,
-            samples_per_item=ev.n,
-            adapter=adapter,
-            engine={"name": engine.name, "version": engine.version(), "session": session_id},
-            resumed_items=len(items) - len(todo),
-            generated_tokens=tokens,
-            generation_s=round(gen_s, 3),
-            tokens_per_s=round(tokens / gen_s, 1) if gen_s > 0 else None,
-        )
-        c.write_json(METRICS, metrics)
-        c.finish(metrics, packages=engine.packages)
+                if not job.todo:
+                    job.generation_s += time.perf_counter() - t0
+                    job.batch_tokens += tokens
+                    results[job.cell.key] = _finish(exp, job, engine, session_id, len(shared))
+            for job in shared:
+                if job.todo:  # goes on in the next window
+                    job.generation_s += time.perf_counter() - t0
+                    job.batch_tokens += tokens
+    return results
+
+
+def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared: int) -> dict:
+    """Metrics, then the manifest, of a cell whose every item is in. Its items may have shared
+    the engine's batches with other cells' (`batched_cells`): `generation_s` is then the wall
+    time of those shared calls, and `tokens_per_s` their throughput."""
+    ev, task, gen_s = job.cell.eval_config(exp), job.task, job.generation_s
+    metrics = summarize(job.records, task.headline, exp.analysis)
+    metrics.update(
+        task=task.name,
+        task_version=task.version,
+        extractor=job.cell.extractor,
+        extractor_version=answers.get_extractor(job.cell.extractor).version,
+        decoding=ev.decoding,
+        samples_per_item=ev.n,
+        adapter=job.adapter,
+        engine={"name": engine.name, "version": engine.version(), "session": session_id},
+        resumed_items=job.resumed,
+        generated_tokens=job.tokens,
+        generation_s=round(gen_s, 3),
+        tokens_per_s=round(job.batch_tokens / gen_s, 1) if gen_s > 0 else None,
+        batched_cells=shared,
+    )
+    job.out.write_json(METRICS, metrics)
+    job.out.finish(metrics, packages=engine.packages)
     return metrics
 
 

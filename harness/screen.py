@@ -52,7 +52,14 @@ STEP = re.compile(r".*?(?:[.!?](?=\s|$)|\n|$)\s*", re.S)  # a sentence or a line
 
 
 def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:
-    """Compute screen cells, loading each student once; returns their summaries by key."""
+    """Compute screen cells, loading each student once; returns their summaries by key.
+
+    An example the student has already been scored on (the same prompt and completion in another
+    training set of the task: a regime's subset of a teacher's traces, or samples that agree word
+    for word) is not computed again: its signals are copied from the cell that scored it first.
+    The screen cells of a (student, task), complete or not, go in one order, largest training
+    set first (so that a subset costs nothing), then by key; a cell copies from the cells before
+    it only, so a killed run, resumed, gives every cell the bytes an uninterrupted run gives it."""
     todo = [c for c in cells if not store.complete(c.kind, c.key)]
     for c in todo:
         if not store.complete("dataset", c.upstream[0]):
@@ -64,13 +71,65 @@ def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:
         model_dir = models.resolve(spec)
         tok = load_tokenizer(model_dir, spec.chat_template, spec.trust_remote_code)
         model, device = load_model(model_dir, spec.trust_remote_code)
-        for c in (c for c in todo if c.student == student):
-            done[c.key] = screen_cell(store, c, model, tok, spec.chat_template, batch_size, device)
+        mine = [c for c in todo if c.student == student]
+        for task in dict.fromkeys(c.task for c in mine):
+            pending = {c.key: c for c in mine if c.task == task}
+            datasets = {c.key: c.upstream[0] for c in pending.values()}
+            datasets.update(_complete_screens(store, mine[0].config, task))
+            size = {
+                k: store.manifest("dataset", d)["summary"]["n_examples"]
+                for k, d in datasets.items()
+            }
+            known: dict[tuple[str, str], dict] = {}
+            for key in sorted(datasets, key=lambda k: (-size[k], k)):
+                if key in pending:
+                    done[key] = screen_cell(
+                        store,
+                        pending[key],
+                        model,
+                        tok,
+                        spec.chat_template,
+                        batch_size,
+                        device,
+                        known,
+                    )
+                else:
+                    _copy_signals(store, key, datasets[key], known)
         del model
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return done
+
+
+def _complete_screens(store: Store, config: dict, task: str) -> dict[str, str]:
+    """Screen key -> dataset key, for the complete screen cells of `task` whose student, screen
+    version and dtype are `config`'s (their signals are the ones it would compute)."""
+    same = {k: config[k] for k in ("student", "version", "dtype")}
+    found = {}
+    base = store.root / "cells" / "screen"
+    for d in sorted(base.iterdir()) if base.is_dir() else []:
+        manifest = store.manifest("screen", d.name) if (d / "manifest.json").exists() else None
+        if manifest is None:
+            continue
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        dataset = manifest["upstream"][0]
+        ds_cfg = yaml.safe_load((store.cell_dir("dataset", dataset) / "config.yaml").read_text())
+        if {k: cfg.get(k) for k in same} == same and ds_cfg["task"]["name"] == task:
+            found[d.name] = dataset
+    return found
+
+
+def _copy_signals(
+    store: Store, screen_key: str, dataset_key: str, known: dict[tuple[str, str], dict]
+) -> None:
+    """Add a complete screen cell's signals to `known`, by (prompt, completion)."""
+    ds_dir = store.cell_dir("dataset", dataset_key)
+    examples = {(r["id"], r["sample"]): r for r in read_jsonl(ds_dir / "examples.jsonl")}
+    for row in read_jsonl(store.cell_dir("screen", screen_key) / "signals.jsonl"):
+        ex = examples[row["id"], row["sample"]]
+        signals = {k: v for k, v in row.items() if k not in ("id", "sample", "local_nll")}
+        known.setdefault((ex["prompt"], ex["completion"]), signals)
 
 
 def load_model(model_dir: str, trust_remote_code: bool) -> tuple[Any, str]:
@@ -84,18 +143,31 @@ def load_model(model_dir: str, trust_remote_code: bool) -> tuple[Any, str]:
 
 
 def screen_cell(
-    store: Store, cell: Screen, model: Any, tok: Any, chat: bool, batch_size: int, device: str
+    store: Store,
+    cell: Screen,
+    model: Any,
+    tok: Any,
+    chat: bool,
+    batch_size: int,
+    device: str,
+    known: dict[tuple[str, str], dict] | None = None,
 ) -> dict:
     """Score one dataset cell's examples with the loaded student and complete the screen cell
-    (its manifest's wall_s is the cell's cost: reading, encoding, the forward passes, writing)."""
+    (its manifest's wall_s is the cell's cost: reading, encoding, the forward passes, writing).
+    `known`: signals by (prompt, completion) already computed (`run`); this cell's are added."""
+    known = {} if known is None else known
     ds_dir = store.cell_dir("dataset", cell.upstream[0])
     with store.open_cell("screen", cell.key, cell.config, cell.upstream) as out:
         began = time.perf_counter()
         every = read_jsonl(ds_dir / "examples.jsonl")
         records = sample(every, cell.config.get("max_examples"))
-        data = [encode(tok, r["prompt"], r["completion"], chat) for r in records]
+        texts = [(r["prompt"], r["completion"]) for r in records]
+        new = [i for i, t in enumerate(texts) if t not in known]
+        data = [encode(tok, *texts[i], chat) for i in new]
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        rows = signals(model, data, batch_size, device, pad)
+        for i, row in zip(new, signals(model, data, batch_size, device, pad), strict=True):
+            known.setdefault(texts[i], row)
+        rows = [known[t] for t in texts]
         if cell.config.get("local_window"):
             window = cell.config["local_window"]
             local = local_nll(model, tok, records, chat, window, batch_size, device, pad)
@@ -104,16 +176,18 @@ def screen_cell(
         teacher_traces = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]
         traces = store.manifest("traces", teacher_traces) or {}
         n_tokens = sum(r["n_tokens"] for r in rows)
+        computed = sum(len(ids) - n for ids, n in set((tuple(i), n) for i, n in data))  # here
         names = [k for k in (rows[0] if rows else SIGNALS) if k != "n_tokens"]  # + local_nll
         summary = {
             **{s: _mean([r[s] for r in rows]) for s in names},
             "n_examples": len(every),  # the teacher's data count
             "n_screened": len(rows),
             "n_tokens": n_tokens,
+            "n_copied": len(records) - len(new),  # scored before, by another cell
             "teacher_train_acc": traces.get("summary", {}).get("yield"),
             "device": device,
             "seconds": round(seconds, 3),
-            "tokens_per_s": round(n_tokens / seconds, 1) if seconds > 0 else None,
+            "tokens_per_s": round(computed / seconds, 1) if seconds > 0 else None,
         }
         keys = [{"id": r["id"], "sample": r["sample"]} for r in records]
         text = "".join(json.dumps({**k, **row}) + "\n" for k, row in zip(keys, rows, strict=True))
@@ -173,24 +247,39 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
 
 
+LOGIT_BYTES = 1 << 30  # a batch's float32 logits stay under this: fewer rows for a large vocabulary
+
+
 @torch.inference_mode()
 def signals(
     model: Any, data: list[tuple[list[int], int]], batch_size: int, device: str, pad_id: int
 ) -> list[dict[str, Any]]:
     """Per example (token ids, prompt length; as harness/dataset.py encodes it): the signals over
-    the positions training puts its loss on (train.collate's labels). Batched by length."""
-    order = sorted(range(len(data)), key=lambda i: len(data[i][0]))
+    the positions training puts its loss on (train.collate's labels).
+
+    An example that occurs several times (a teacher's n samples often agree word for word) is
+    computed once. Batches hold the examples in length order, at most `batch_size` of them and
+    fewer where their logits would pass LOGIT_BYTES; which batch an example lands in depends on
+    the examples given, so a cell computed again gives the same bytes."""
+    first: dict[tuple, int] = {}
+    unique = [first.setdefault((tuple(ids), n), i) == i for i, (ids, n) in enumerate(data)]
+    todo = sorted((i for i, u in enumerate(unique) if u), key=lambda i: len(data[i][0]))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    positions = max(1, LOGIT_BYTES // (4 * vocab))  # rows x width of one batch, at most
     out: list[dict[str, Any]] = [{}] * len(data)
-    for s in range(0, len(order), batch_size):
-        idx = order[s : s + batch_size]
+    s = 0
+    while s < len(todo):
+        width = len(data[todo[min(s + batch_size, len(todo)) - 1]][0])
+        idx = todo[s : s + max(1, min(batch_size, positions // max(1, width)))]
+        s += len(idx)
         b = collate(data, idx, pad_id)
         logits = model(
             input_ids=b["input_ids"].to(device), attention_mask=b["attention_mask"].to(device)
         ).logits.float()
-        rows = token_signals(logits[:, :-1], b["labels"][:, 1:].to(device))
-        for i, row in zip(idx, rows, strict=True):
+        scored = token_signals(logits[:, :-1], b["labels"][:, 1:].to(device))
+        for i, row in zip(idx, scored, strict=True):
             out[i] = row
-    return out
+    return [out[i] if unique[i] else out[first[(tuple(ids), n)]] for i, (ids, n) in enumerate(data)]
 
 
 def token_signals(logits: torch.Tensor, targets: torch.Tensor) -> list[dict[str, Any]]:

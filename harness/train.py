@@ -77,32 +77,53 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
             )
     shared = [c for c in todo if _single_process(c.train)]
     if shared:
-        n = _workers(len(shared))
-        done.update(_train_cells(exp, store, [shared[i::n] for i in range(n)]))
+        workers, threads = _workers(exp, shared)
+        n = min(workers, len(shared))
+        done.update(_train_cells(exp, store, [shared[i::n] for i in range(n)], threads))
     for c in todo:
         if c.key not in {s.key for s in shared}:
             done.update(_train_cells(exp, store, [[c]]))
     return done
 
 
-def _workers(n_cells: int) -> int:
-    """Single-process workers training at once, each with cores/N intra-op threads: 1 unless
-    COTGAP_TRAIN_WORKERS=N says more. (Two one-thread workers may train small models faster than
-    one two-thread worker on a CPU; not measured on an idle machine yet, so not the default.)
-    Each cell's weights do not depend on its worker, only on its thread count."""
+SMALL_MODEL = 20_000_000  # parameters: below this a CPU training step is mostly per-op overhead
+
+
+def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
+    """(single-process workers training at once, intra-op threads each; None: torch's default).
+
+    On a CPU, students under SMALL_MODEL parameters train one worker per core, one thread each:
+    their steps are mostly per-op overhead that a second thread does not share (the demo's 24
+    adapters: 66.0 s in one two-thread worker, 29.7 s in two one-thread workers, on 2 cores).
+    Larger students, and every GPU run, train in one worker with every thread. The thread count
+    depends on the machine's cores only, never on how many cells are left, so a resumed run trains
+    each cell as an uninterrupted one would (an adapter's weights depend on its thread count,
+    not on its worker). COTGAP_TRAIN_WORKERS=N sets N workers of cores/N threads (1: torch's
+    default)."""
+    cores = os.cpu_count() or 1
     env = os.environ.get("COTGAP_TRAIN_WORKERS", "")
-    return min(int(env), n_cells) if env.isdigit() and int(env) > 0 else 1
+    if env.isdigit() and int(env) > 0:
+        n = int(env)
+        return n, (max(1, cores // n) if n > 1 else None)
+    if torch.cuda.is_available() or cores == 1:
+        return 1, None
+    sizes = [models.param_count(exp.model(s)) for s in dict.fromkeys(c.student for c in cells)]
+    if all(n is not None and n < SMALL_MODEL for n in sizes):
+        return cores, 1
+    return 1, None
 
 
 def _single_process(cfg: TrainConfig) -> bool:
     return cfg.num_processes == 1 and cfg.accelerate_config is None
 
 
-def _train_cells(exp: Experiment, store: Store, groups: list[list[Adapter]]) -> dict[str, dict]:
+def _train_cells(
+    exp: Experiment, store: Store, groups: list[list[Adapter]], threads: int | None = None
+) -> dict[str, dict]:
     """Open the cells (their locks held throughout) and run one worker per group, the groups at
-    once. A worker completes each cell as soon as it is trained, so a kill loses at most the cells
-    in training (back to their last checkpoints); the first cell left incomplete is reported."""
-    threads = max(1, (os.cpu_count() or 1) // len(groups))
+    once, each with `threads` intra-op threads (None: torch's default). A worker completes each
+    cell as soon as it is trained, so a kill loses at most the cells in training (back to their
+    last checkpoints); the first cell left incomplete is reported."""
     with contextlib.ExitStack() as stack:
         cells = [c for g in groups for c in g]
         outs = {
@@ -116,7 +137,7 @@ def _train_cells(exp: Experiment, store: Store, groups: list[list[Adapter]]) -> 
         commands = [
             worker_command([outs[c.key].dir.resolve() for c in g], g[0].train) for g in groups
         ]
-        rc = _run_workers(commands, threads if len(groups) > 1 else None)
+        rc = _run_workers(commands, threads)
         summaries = {}
         for c in cells:
             manifest = store.manifest("adapter", c.key)

