@@ -30,6 +30,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -657,6 +658,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--owner-pid", type=int, help="stop when this process (cotgap) is gone")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # cotgap stopping its workers: as a Ctrl-C
+    cell_dir = None
     try:
         for cell_dir in args.cell_dir:
             if (cell_dir / "manifest.json").exists():  # completed by an earlier worker
@@ -667,8 +670,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; cotgap reports it
+        if cell_dir is not None:  # a save or checkpoint cut short leaves no half-written folder
+            for tmp in [*cell_dir.glob(".*.tmp"), *cell_dir.glob("checkpoints/.tmp-*")]:
+                shutil.rmtree(tmp, ignore_errors=True)
         return 130
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -228,10 +228,11 @@ class Log:
             )
 
 
-def cotgap_popen(*args: str) -> tuple[subprocess.Popen, Log]:
+def cotgap_popen(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Log]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", *args],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -287,14 +288,15 @@ def test_kills_during_a_training_group_always_make_progress(tmp_path):
     more durable steps than the one before, loses at most about `checkpoint_seconds` of training,
     and the final artefacts equal an uninterrupted run's."""
     settings = {"max_steps": GROUP_STEPS, "checkpoint_seconds": CHECKPOINT_S}
+    one = {"COTGAP_TRAIN_WORKERS": "1"}  # the six adapters in one worker: a group to kill into
     reference = training_workspace(tmp_path, "reference", **settings)
-    assert cotgap_popen("train", str(reference))[0].wait(timeout=600) == 0
+    assert cotgap_popen("train", str(reference), env=one)[0].wait(timeout=600) == 0
     config = training_workspace(tmp_path, "killed", **settings)
     root = load_experiment(config).root
     rng = random.Random(23)
     kept, lost, start = [0], [], time.time()
     for attempt in range(40):
-        proc, log = cotgap_popen("train", str(config))
+        proc, log = cotgap_popen("train", str(config), env=one)
         if not log.wait_for(r"train adapter:\S+: \d+ to do"):
             break  # the run ended without training: nothing was left to do
         time.sleep(rng.uniform(CHECKPOINT_S + 1.0, CHECKPOINT_S + 2.0))

@@ -626,3 +626,32 @@ def test_vllm_and_peft_serve_the_same_trained_adapter(trained: tuple, tiny_model
     assert vllm_base == base_text
     assert all(a != b for a, b in zip(peft_text, base_text, strict=True))
     assert all("answer is" in t for t in peft_text)  # the template of every completion it saw
+
+
+def test_an_interrupted_worker_leaves_no_half_written_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped (SIGTERM from cotgap, or Ctrl-C) while writing its adapter or a checkpoint
+    removes the temporary folders it was writing; what it had completed stays."""
+    cell = tmp_path / "cell"
+    for d in (".adapter.tmp", "checkpoints/.tmp-step-7", "checkpoints/step-5"):
+        (cell / d).mkdir(parents=True)
+        (cell / d / "weights").write_text("x")
+
+    def stopped_mid_save(cell_dir: Path, owner_pid: int | None) -> dict:
+        os.kill(
+            os.getpid(), signal.SIGTERM
+        )  # the handler main() installs turns it into an interrupt
+        time.sleep(5)
+        raise AssertionError("the signal did not interrupt the worker")
+
+    monkeypatch.setattr(train, "train", stopped_mid_save)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert train.main(["--cell-dir", str(cell)]) == 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sorted(p.relative_to(cell).as_posix() for p in cell.rglob("*") if p.is_dir()) == [
+        "checkpoints",
+        "checkpoints/step-5",
+    ]
