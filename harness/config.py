@@ -289,7 +289,11 @@ class ScreenConfig(Strict):
     """Student-side screening of teacher traces (harness/screen.py): one forward pass of each
     student over each training set, no training. Present: the grid has a screen cell per dataset."""
 
-    batch_size: int = Field(16, gt=0, description="examples per forward pass (not in any key)")
+    batch_size: int = Field(
+        64,
+        gt=0,
+        description="examples per forward pass, at most (not in any key; harness/screen.py)",
+    )
     max_examples: int | None = Field(
         None, gt=0, description="screen a seeded sample of this many examples (None: all of them)"
     )
