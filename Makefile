@@ -75,9 +75,11 @@ lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 # lm-evaluation-harness, for the evaluate benchmark (the `bench` extra), on top of the install.
+# (The extras sit in a variable: a comma written inside $(call ...) would split its argument.)
+BENCH_EXTRAS := $(EXTRA),ray,dev,bench
 $(VENV)/.installed-bench-$(EXTRA): $(STAMP)
 	@echo "installing lm-evaluation-harness for the benchmarks; pip log: $(PIPLOG)"
-	@$(call pip_quiet,$(PIP) -e ".[$(EXTRA),ray,dev,bench]")
+	@$(call pip_quiet,$(PIP) -e ".[$(BENCH_EXTRAS)]")
 	@$(if $(filter cpu,$(EXTRA)),$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton >> $(PIPLOG) 2>&1 || true)
 	@touch $@
 

@@ -9,7 +9,7 @@ task, grown past its shipped split when a size asks for more, same generator and
 prompts (the chat template's token ids), model and sampling parameters (per-request seeds
 included) go to
 1. bare vLLM: `llm.generate(token prompts, per-request SamplingParams)` on the engine's `vllm.LLM`,
-   prompts rendered before the clock starts;
+   the prompts rendered through the chat template inside the clock;
 2. the stage: `generate.work` (load items, render, generate, score, stream JSONL, manifest) on a
    fresh traces cell;
 alternating `--repeats` times after a warm-up pass. Both produce the same tokens, so tokens/s
@@ -66,12 +66,14 @@ def traces_cell(exp):
 
 
 def bare_vllm(engine, requests, sampling) -> tuple[float, int]:
-    """The same work as the stage, straight through `LLM.generate`."""
+    """The same work as the stage, straight through `LLM.generate`: the prompts go through the
+    chat template and the tokenizer inside the clock, as a bare-vLLM script must render them too
+    (the evaluate benchmark's bare side does the same)."""
     from vllm.inputs import TokensPrompt
 
+    t0 = time.perf_counter()
     prompts = [TokensPrompt(prompt_token_ids=engine.render(r)) for r in requests]
     params = [engine._params(r, sampling) for r in requests]
-    t0 = time.perf_counter()
     outs = engine.llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     return dt, sum(len(c.token_ids) for o in outs for c in o.outputs)

@@ -147,7 +147,8 @@ class VllmEngine(Engine):
 
         return LoRARequest(f"adapter{int_id}", int_id, path)
 
-    def _params(self, request: Request, sampling: Sampling) -> Any:
+    def _params(self, request: Request | None, sampling: Sampling) -> Any:
+        """vLLM's sampling parameters; the request's own seed (None: no request, greedy)."""
         from vllm import SamplingParams
 
         greedy = sampling.temperature == 0
@@ -157,7 +158,7 @@ class VllmEngine(Engine):
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else 0,
             max_tokens=sampling.max_tokens,
-            seed=request_seed(sampling.seed, request.id),
+            seed=None if request is None else request_seed(sampling.seed, request.id),
             stop=list(sampling.stop) or None,
             logprobs=0 if sampling.logprobs else None,
         )
@@ -191,9 +192,15 @@ class VllmEngine(Engine):
         if not requests:
             return
         lora = {a: self._lora_request(a) for a in dict.fromkeys(adapters)}
+        # greedy decoding draws nothing, so one SamplingParams serves every request
+        params = (
+            self._params(None, sampling)
+            if sampling.temperature == 0
+            else [self._params(r, sampling) for r in requests]
+        )
         ids = self.llm.enqueue(
             [TokensPrompt(prompt_token_ids=self.render(r)) for r in requests],
-            [self._params(r, sampling) for r in requests],
+            params,
             lora_request=lora[adapters[0]] if len(lora) == 1 else [lora[a] for a in adapters],
             use_tqdm=False,
         )
