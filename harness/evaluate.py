@@ -5,7 +5,8 @@
 
 `run` takes the eval cells of one base model -- its teacher or baseline eval and every distilled
 variant -- and serves them all from one engine session in one child process: adapters through
-vLLM's LoRARequest, so the baseline and its adapters share the loaded weights. Every cell is
+vLLM's LoRARequest, so the baseline and its adapters share the loaded weights, and the cells under
+one eval config share the engine's batches (each request with its own adapter). Every cell is
 scored under the same eval config, which it records as `eval_config.json`. A cell writes
 `predictions.jsonl` (one record per test item, in item order, streamed: a killed run keeps what
 it wrote and generates the rest), then `metrics.json` (headline accuracy with a bootstrap CI,
