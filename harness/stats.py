@@ -433,14 +433,34 @@ def _check_bootstrap_args(ci: float, n_resamples: int) -> None:
         raise ValueError(f"n_resamples must be at least 1, got {n_resamples}")
 
 
+FEW_VALUES = 16  # a vector with at most this many distinct values is resampled through its counts
+
+
 def _mean_ci(x: np.ndarray, ci: float, n_resamples: int, seed: int) -> Interval:
-    """Mean of an integer vector with scipy's percentile bootstrap CI."""
+    """Mean of a vector with a percentile bootstrap CI.
+
+    A vector of a few distinct values (0/1 verdicts, -1/0/+1 paired differences) is resampled
+    through its counts: a resample of n items draws each value's count from the multinomial
+    (n, count/n), and its mean depends on nothing else, so drawing the counts gives the same
+    bootstrap distribution as drawing n item indices, at O(values) instead of O(n) a resample
+    (4,096 verdicts: ~0.5 ms against scipy.stats.bootstrap's ~60 ms). The percentiles are taken as
+    scipy's percentile method takes them (numpy's linear interpolation). Other vectors (rank
+    correlations) go to scipy.stats.bootstrap."""
     _check_bootstrap_args(ci, n_resamples)
     estimate = float(x.sum() / x.size)
     if (x == x[0]).all():
         # Every resample equals the sample (all-0, all-1, a single item), so the bootstrap
         # distribution is the point itself; scipy would reject a single item.
         return Interval(estimate, estimate, estimate)
+    if x.dtype.kind in "biu":
+        values, counts = np.unique(x, return_counts=True)
+        if values.size <= FEW_VALUES:
+            rng = np.random.default_rng(seed)
+            draws = rng.multinomial(x.size, counts / x.size, size=n_resamples)
+            means = draws @ values.astype(np.float64) / x.size
+            alpha = (1 - ci) / 2
+            low, high = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
+            return Interval(estimate, float(low), float(high))
     res = stats.bootstrap(
         (x,),
         np.mean,

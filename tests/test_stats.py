@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from harness.stats import (
+    _mean_ci,
     accuracy_ci,
     discordant_pairs,
     holm,
@@ -84,20 +85,61 @@ def test_accuracy_ci_covers_true_accuracy_95_percent_of_the_time():
 # --- bootstrap CIs -------------------------------------------------------------------------------
 
 
-def test_paired_bootstrap_is_scipys_paired_bootstrap():
+@pytest.mark.parametrize("ci", [0.5, 0.8, 0.95])
+def test_paired_bootstrap_has_scipys_bootstrap_distribution(ci):
+    # Our draws are the resamples' counts, scipy's are item indices: the random streams differ, the
+    # distribution must not. With 20,000 resamples each, the endpoints agree to the grid of
+    # possible means (1/n); a wrong multinomial (e.g. unpaired, or counts of the wrong values)
+    # moves them by several grid steps.
     base, post = _simulate(1, n_items=300, seed=3)
-    ours = paired_bootstrap(base[0], post[0], n_resamples=500, seed=11)
+    ours = paired_bootstrap(base[0], post[0], ci=ci, n_resamples=20_000, seed=11)
     ref = sps.bootstrap(
         (base[0], post[0]),
         lambda b, p, axis: p.mean(axis=axis) - b.mean(axis=axis),
         paired=True,
         vectorized=True,
-        n_resamples=500,
+        n_resamples=20_000,
+        confidence_level=ci,
         method="percentile",
         rng=np.random.default_rng(11),
     ).confidence_interval
-    assert ours.low == pytest.approx(ref.low, abs=1e-12)
-    assert ours.high == pytest.approx(ref.high, abs=1e-12)
+    assert ours.low == pytest.approx(ref.low, abs=1 / 300 + 1e-9)
+    assert ours.high == pytest.approx(ref.high, abs=1 / 300 + 1e-9)
+    assert ours.low < ours.estimate < ours.high
+
+
+def test_accuracy_ci_has_scipys_bootstrap_distribution():
+    x = np.random.default_rng(4).random(500) < 0.3
+    ours = accuracy_ci(x, n_resamples=20_000, seed=2)
+    ref = sps.bootstrap(
+        (x.astype(float),),
+        np.mean,
+        vectorized=True,
+        n_resamples=20_000,
+        method="percentile",
+        rng=np.random.default_rng(2),
+    ).confidence_interval
+    assert ours.low == pytest.approx(ref.low, abs=1 / 500 + 1e-9)
+    assert ours.high == pytest.approx(ref.high, abs=1 / 500 + 1e-9)
+
+
+def test_a_vector_of_many_values_is_scipys_bootstrap_exactly():
+    # rank correlations: not a few distinct values, so scipy resamples them, draw for draw
+    r = np.random.default_rng(5).uniform(-1, 1, size=40)
+    ours = _mean_ci(r, 0.9, 700, 3)
+    ref = sps.bootstrap(
+        (r,),
+        np.mean,
+        vectorized=True,
+        n_resamples=700,
+        confidence_level=0.9,
+        method="percentile",
+        rng=np.random.default_rng(3),
+    ).confidence_interval
+    assert (ours.low, ours.high) == (
+        pytest.approx(ref.low, abs=1e-12),
+        pytest.approx(ref.high, abs=1e-12),
+    )
 
 
 def test_pairing_narrows_the_interval():
