@@ -218,13 +218,21 @@ def _delatex(text: str) -> str:
     return text.replace("\\$", "$").replace("\\%", "%").replace("\\(", " ").replace("\\)", " ")
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+
+
 def _fraction(text: str) -> Fraction | None:
     """Exact value of '1,080', '-7', '0.75', '3/4', '$18'; None when it is not such a number."""
     s = text.replace(",", "").replace("$", "").replace(" ", "").replace("−", "-")
-    if not s or sum(c.isdigit() for c in s) > _MAX_DIGITS:
+    if not s:
+        return None
+    if _INTEGER.fullmatch(s):  # most answers: int() is many times faster than Fraction(str)
+        return Fraction(int(s)) if len(s.lstrip("-")) <= _MAX_DIGITS else None
+    if sum(c.isdigit() for c in s) > _MAX_DIGITS:
         return None
     num, _, den = s.partition("/")
-    if not all(re.fullmatch(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)", p) for p in (num, den or "0")):
+    if not all(_DECIMAL.fullmatch(p) for p in (num, den or "0")):
         return None
     value = Fraction(num)
     if den:

@@ -16,6 +16,7 @@ hub and the original files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterable
@@ -28,7 +29,8 @@ SPLITS = ("train", "test")
 FIELDS = ("id", "question", "answer", "rationale")  # every item's, all text
 TEST_FRACTION = 0.2
 
-Example = tuple[str, str, str]  # question, rationale, answer
+# question, rationale steps (or a function that writes them), answer
+Example = tuple[str, str | Callable[[], str], str]
 
 WORDS = (
     "apple", "river", "cat", "stone", "light", "bread", "cloud", "green", "house", "moon",
@@ -46,6 +48,12 @@ NAMES = (
 
 def _addition(rng: random.Random) -> Example:
     a, b = (_number(rng, rng.randint(1, 4)) for _ in range(2))
+    # the steps are written out only for a question that is kept (4 in 5 draws fall in the other
+    # split): the draws, and so the items, are the same either way
+    return f"What is {a}+{b}?", functools.partial(_column_steps, a, b), str(a + b)
+
+
+def _column_steps(a: int, b: int) -> str:
     da, db = str(a)[::-1], str(b)[::-1]
     steps, carry = [], 0
     for i in range(max(len(da), len(db))):
@@ -53,7 +61,7 @@ def _addition(rng: random.Random) -> Example:
         s = x + y + carry
         steps.append(f"{x}+{y}{'+1' if carry else ''}={s}")
         carry = s // 10
-    return f"What is {a}+{b}?", ", ".join(steps) + ".", str(a + b)
+    return ", ".join(steps) + "."
 
 
 def _number(rng: random.Random, digits: int) -> int:
@@ -178,7 +186,7 @@ def generate_items(generator: str, split: str, n: int, seed: int) -> list[dict]:
             continue
         seen.add(question)
         item_id = f"{generator}-{split}-{seed}-{len(items)}"
-        rationale = f"{steps} The answer is {answer}."
+        rationale = f"{steps() if callable(steps) else steps} The answer is {answer}."
         items.append(dict(zip(FIELDS, (item_id, question, answer, rationale), strict=True)))
     if len(items) < n:
         raise UserError(
