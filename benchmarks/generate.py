@@ -72,7 +72,18 @@ def bare_vllm(engine, requests, sampling) -> tuple[float, int]:
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    prompts = [TokensPrompt(prompt_token_ids=engine.render(r)) for r in requests]
+    tok = engine.llm.get_tokenizer()
+    prompts = [
+        TokensPrompt(
+            prompt_token_ids=tok.apply_chat_template(
+                [{"role": "user", "content": r.prompt}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for r in requests
+    ]
     params = [engine._params(r, sampling) for r in requests]
     outs = engine.llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0

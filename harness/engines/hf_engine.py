@@ -146,7 +146,7 @@ class HFEngine(Engine):
     ) -> Iterator[tuple[int, list[Sample]]]:
         """Generate adapter by adapter (in order of first use), batch by batch, longest prompts
         first; yield each batch's requests."""
-        prompts = [self.render(r) for r in requests]
+        prompts = self.render_many(requests)
         seeds = [request_seed(sampling.seed, r.id) for r in requests]
         rows_per_request = sampling.n if sampling.temperature > 0 else 1  # greedy: copies
         per_batch = max(1, self.batch_rows // rows_per_request)

@@ -199,7 +199,7 @@ class VllmEngine(Engine):
             else [self._params(r, sampling) for r in requests]
         )
         ids = self.llm.enqueue(
-            [TokensPrompt(prompt_token_ids=self.render(r)) for r in requests],
+            [TokensPrompt(prompt_token_ids=ids) for ids in self.render_many(requests)],
             params,
             lora_request=lora[adapters[0]] if len(lora) == 1 else [lora[a] for a in adapters],
             use_tqdm=False,
