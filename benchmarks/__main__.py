@@ -128,6 +128,7 @@ def _rows(name: str, r: dict) -> list[Row]:
                     _f(x["bare_vllm"]["tokens_per_s"], 0),
                     _f(x["stage_over_bare_best"], 3),
                     ratio_median=x["stage_over_bare"],
+                    ratio_rounds=x["stage_over_bare_paired_median"],
                 )
             )
         f, largest = r["fit"], str(r["largest"])
@@ -264,15 +265,18 @@ def print_table(table_rows: list[Row], total_s: float) -> None:
 
     table = Table(title=f"cotgap benchmarks ({total_s:.0f} s)")
     table.add_column("benchmark")
-    for col in ("cotgap", "reference", "ratio"):
+    for col in ("cotgap", "reference", "ratio", "median"):
         table.add_column(col, justify="right")
     for row in table_rows:
-        table.add_row(row["benchmark"], row["cotgap"], row["reference"], row["ratio"])
+        median = row.get("ratio_rounds", row.get("ratio_median"))
+        median = "-" if median is None else _f(median, 3)
+        table.add_row(row["benchmark"], row["cotgap"], row["reference"], row["ratio"], median)
     Console(width=120).print(table)
     print(
         "ratio > 1: cotgap's side is faster (reference time / cotgap time, or cotgap tok/s / "
         "reference tok/s). Speed rows compare each side's best run (the least disturbed on a "
-        "shared machine; medians are in bench.json as ratio_median). Engines row: cotgap's vLLM "
+        "shared machine); median: the ratio of the sides' median runs (generate: the median over "
+        "rounds of the ratio within a round, two runs back to back). Engines row: cotgap's vLLM "
         "engine vs its transformers engine. Grid rows: re-run (cotgap column) vs first run "
         "(reference column)."
     )

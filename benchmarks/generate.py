@@ -193,10 +193,15 @@ def measure_vllm(
         load_before = os.getloadavg()[0]
         bare, staged = [], []
         for i in range(args.repeats):  # interleaved, so drift in machine load hits both alike
-            bare.append(bare_vllm(vllm, requests[:size], sampling))
-            # the task grows only as far as this size needs: the stage generates the whole split
-            with grown_task(TASK, size, 0):
-                staged.append(stage(vllm, model_dir, size, args, tmp_dir / f"stage-{size}-{i}"))
+            # rounds alternate which side goes first, so that neither always runs second
+            for side in ("bare", "stage") if i % 2 == 0 else ("stage", "bare"):
+                if side == "bare":
+                    bare.append(bare_vllm(vllm, requests[:size], sampling))
+                    continue
+                # the task grows only as far as this size needs: the stage generates the split
+                with grown_task(TASK, size, 0):
+                    root = tmp_dir / f"stage-{size}-{i}"
+                    staged.append(stage(vllm, model_dir, size, args, root))
         if len({tok for _, tok in bare + staged}) != 1:
             raise RuntimeError(f"{size} items: bare and stage token counts differ: {bare} {staged}")
         by_size[str(size)] = _size_result(bare, staged, load_before)
@@ -217,6 +222,7 @@ def measure_vllm(
         "largest": sizes[-1],
         "stage_over_bare_best": largest["stage_over_bare_best"],
         "stage_over_bare": largest["stage_over_bare"],
+        "stage_over_bare_paired_median": largest["stage_over_bare_paired_median"],
         "engines": {  # greedy: both engines generate exactly the same tokens
             "decoding": "greedy, n=1",
             "prompts": sizes[0],
@@ -242,6 +248,9 @@ def _size_result(bare: list, staged: list, load: float) -> dict:
 
     b, s = side(bare), side(staged)
     ratio_best = round(b["best_s"] / s["best_s"], 3)
+    # each round's two runs ran back to back: the median of their ratios is the least sensitive
+    # to one lucky or disturbed run
+    paired = [round(x / y, 3) for (x, _), (y, _) in zip(bare, staged, strict=True)]
     return {
         "completion_tokens": tokens,
         "load_average_at_start": round(load, 2),
@@ -250,8 +259,11 @@ def _size_result(bare: list, staged: list, load: float) -> dict:
         "stage_overhead_s": round(s["best_s"] - b["best_s"], 3),
         "stage_over_bare_best": ratio_best,
         "stage_over_bare": round(b["median_s"] / s["median_s"], 3),
+        "stage_over_bare_paired": paired,
+        "stage_over_bare_paired_median": round(statistics.median(paired), 3),
         "summary": f"bare {b['best_s']:.2f} s, stage {s['best_s']:.2f} s, "
-        f"{tokens:,} tokens, ratio {ratio_best:.3f} (best runs)",
+        f"{tokens:,} tokens, ratio {ratio_best:.3f} (best runs), "
+        f"{statistics.median(paired):.3f} (median of rounds)",
     }
 
 
@@ -281,7 +293,7 @@ def _print_table(r: dict[str, Any]) -> None:
         f"best of {w['repeats']}"
     )
     cols = ("items", "tokens", "bare s", "stage s", "overhead s", "bare tok/s", "stage tok/s")
-    for col in (*cols, "ratio"):
+    for col in (*cols, "ratio", "ratio, rounds"):
         table.add_column(col, justify="right")
     for size, x in r["by_size"].items():
         b, s = x["bare_vllm"], x["stage"]
@@ -294,6 +306,7 @@ def _print_table(r: dict[str, Any]) -> None:
             f"{b['tokens_per_s']:,.0f}",
             f"{s['tokens_per_s']:,.0f}",
             f"{x['stage_over_bare_best']:.3f}",
+            f"{x['stage_over_bare_paired_median']:.3f}",
         )
     Console().print(table)
     fits = ", ".join(
@@ -302,6 +315,8 @@ def _print_table(r: dict[str, Any]) -> None:
         if f["fixed_s"] is not None
     )
     print(
+        "ratio: best bare run / best stage run; ratio, rounds: the median over rounds of bare / "
+        "stage within a round\n"
         f"overhead: stage minus bare (best runs); linear fit of best times: {fits}; "
         f"vllm start-up {r['vllm_startup_s']} s (outside both)"
     )

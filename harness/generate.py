@@ -115,8 +115,10 @@ def _generate_cell(
             t0 = time.perf_counter()
             # an item's records are written once all earlier items of the window are
             for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
+                scored: dict = {}  # an item's samples are often the same text: scored once
                 for k, s in enumerate(samples):
-                    records.append(trace_record(task, todo[i], batch[i].prompt, k, s, extractor))
+                    prompt = batch[i].prompt
+                    records.append(trace_record(task, todo[i], prompt, k, s, extractor, scored))
                     out.write(records[-1])
             gen_s += time.perf_counter() - t0
         tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])

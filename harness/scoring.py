@@ -368,10 +368,25 @@ METRICS = "metrics.json"
 
 
 def trace_record(
-    task: TaskSpec, item: Item, prompt: str, k: int, s: Sample, extractor: str
+    task: TaskSpec,
+    item: Item,
+    prompt: str,
+    k: int,
+    s: Sample,
+    extractor: str,
+    scored_texts: dict[tuple[str, str], dict] | None = None,
 ) -> dict[str, Any]:
-    """The traces.jsonl record of one sample: prompt, completion, token counts and scores."""
-    scored = score(task, s.text, item.gold, s.finish_reason, extractor, item.meta.get("choices"))
+    """The traces.jsonl record of one sample: prompt, completion, token counts and scores.
+
+    `scored_texts`: the scores of this item's samples so far, by (text, finish reason); a sample
+    that repeats one word for word (a strong teacher's n samples often do) takes its scores."""
+    key = (s.text, s.finish_reason)
+    scored = scored_texts.get(key) if scored_texts is not None else None
+    if scored is None:
+        choices = item.meta.get("choices")
+        scored = score(task, s.text, item.gold, s.finish_reason, extractor, choices)
+        if scored_texts is not None:
+            scored_texts[key] = scored
     return {
         "id": item.id,
         "sample": k,

@@ -247,3 +247,20 @@ def test_a_resumed_cell_is_rescored_before_it_goes_on(tmp_path, monkeypatch) -> 
         flipped = [r["strict"] is not None for r in old]
         assert [a["correct"] != b["correct"] for a, b in zip(old, new, strict=True)] == flipped
         assert [r["completion_tokens"] for r in new] == [r["completion_tokens"] for r in old]
+
+
+def test_a_repeated_sample_takes_the_scores_of_its_twin():
+    # the traces stage scores each distinct (text, finish reason) of an item once; every record
+    # must equal the one scored on its own, a truncated twin of the same text included
+    spec = tasks.load_task(TASK)
+    item = tasks.load_items(spec, "train", limit=1)[0]
+    right, wrong = completion(item, 2), completion(item, 0)
+    samples = [sample(right), sample(wrong), sample(right), Sample(right, (7,) * 9, 30, "length")]
+    cache: dict = {}
+    shared = [
+        scoring.trace_record(spec, item, "q", k, s, EXTRACTOR, cache) for k, s in enumerate(samples)
+    ]
+    alone = [scoring.trace_record(spec, item, "q", k, s, EXTRACTOR) for k, s in enumerate(samples)]
+    assert shared == alone
+    assert [r["correct"] for r in alone] == [True, False, True, False]
+    assert len(cache) == 3  # right, wrong, right cut at max_tokens
