@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 NAMES = ("generate", "train", "evaluate", "grid")
 DEFAULTS = {
     "generate": ["--sizes", DEFAULT_SIZES, "--n", "2", "--max-tokens", "64", "--repeats", "3"],
-    "train": ["--steps", "10", "--repeats", "2", "--examples", "128"],
+    "train": ["--steps", "30", "--repeats", "3", "--examples", "128"],
     "evaluate": ["--sizes", DEFAULT_SIZES, "--max-tokens", "160", "--repeats", "3"],
     "grid": [],
 }

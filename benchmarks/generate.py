@@ -12,9 +12,10 @@ included) go to
    the prompts rendered through the chat template inside the clock;
 2. the stage: `generate.work` (load items, render, generate, score, stream JSONL, manifest) on a
    fresh traces cell;
-alternating `--repeats` times after a warm-up pass. Both produce the same tokens, so tokens/s
-compare like for like; the goal for the stage is >= 0.97 of bare vLLM at the largest size. Ratios
-are of best runs (on a shared machine the least disturbed one) and of medians. Over the sizes,
+in `--repeats` rounds after a warm-up pass, the rounds alternating which side goes first. Both
+produce the same tokens, so tokens/s compare like for like; the goal for the stage is >= 0.97 of
+bare vLLM at the largest size. Ratios are of best runs (on a shared machine the least disturbed
+one), of medians, and the median over rounds of the ratio within a round. Over the sizes,
 each side's best times are fitted to time = fixed + per_item x items; engine start-up (import +
 construction) is outside both and reported apart. Last, at the smallest size, the vLLM and
 transformers engines generate the same greedy tokens.
