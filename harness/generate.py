@@ -116,8 +116,8 @@ def _generate_cell(
             # an item's records are written once all earlier items of the window are
             for i, samples in engines.in_request_order(engine.stream(batch, sampling)):
                 scored: dict = {}  # an item's samples are often the same text: scored once
+                prompt = batch[i].prompt
                 for k, s in enumerate(samples):
-                    prompt = batch[i].prompt
                     records.append(trace_record(task, todo[i], prompt, k, s, extractor, scored))
                     out.write(records[-1])
             gen_s += time.perf_counter() - t0
