@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 
 from harness import progress
-from harness.errors import Interrupted, UserError
+from harness.errors import Interrupted, UserError, stop_on_signals
 
 app = typer.Typer(
     help="cotgap: score every CoT-distilled student against its own pre-distillation baseline.",
@@ -562,21 +562,13 @@ def models_import(
     print(gguf.convert(source.removeprefix(gguf.PREFIX), f"cotgap models import {source}"))
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    # one interruption is enough: a second signal must not cut short the clean-up of the first
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Interrupted(signum)
-
-
 def _usage_error() -> type[Exception]:
     """click's ClickException as typer raises it (typer vendors click as typer._click)."""
     return next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="cotgap")
     except UserError as e:

@@ -46,7 +46,7 @@ from harness import models
 from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
 from harness.dataset import encode, load_tokenizer
-from harness.errors import UserError
+from harness.errors import Interrupted, UserError, stop_on_signals
 from harness.store import (
     JsonlWriter,
     Store,
@@ -658,7 +658,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--owner-pid", type=int, help="stop when this process (cotgap) is gone")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # cotgap stopping its workers: as a Ctrl-C
+    stop_on_signals()  # Ctrl-C to the process group, or cotgap stopping its workers (SIGTERM)
     cell_dir = None
     try:
         for cell_dir in args.cell_dir:
@@ -669,16 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; cotgap reports it
+    except (Interrupted, KeyboardInterrupt) as e:  # cotgap reports the stop, not the worker
         if cell_dir is not None:  # a save or checkpoint cut short leaves no half-written folder
             for tmp in [*cell_dir.glob(".*.tmp"), *cell_dir.glob("checkpoints/.tmp-*")]:
                 shutil.rmtree(tmp, ignore_errors=True)
-        return 130
+        return 128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT)
     return 0
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

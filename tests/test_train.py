@@ -34,6 +34,7 @@ from harness.schedule import Events
 from harness.store import Store, read_jsonl
 
 END = "<|end|>"
+REPO = Path(__file__).resolve().parents[1]
 TASK = "sandbox_addition"  # any registered task: its train split is never read here
 ALL_PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -628,6 +629,42 @@ def test_vllm_and_peft_serve_the_same_trained_adapter(trained: tuple, tiny_model
     assert all("answer is" in t for t in peft_text)  # the template of every completion it saw
 
 
+def test_a_worker_stopped_by_both_signals_exits_quietly(tmp_path: Path) -> None:
+    """Ctrl-C reaches every process in the group and cotgap then SIGTERMs its workers, so a worker
+    gets both signals, the second during its clean-up or while the interpreter runs its exit
+    finalisers (CI saw torch.library's): the second must not raise again. Without the one-shot
+    handler this printed a traceback from the finaliser. A real worker process, with `train`
+    replaced by one that signals itself: the race made deterministic."""
+    cell = tmp_path / "cell"
+    (cell / ".adapter.tmp").mkdir(parents=True)
+    code = f"""
+import os, signal, time, weakref
+from harness import train
+
+class Model: pass
+
+def stopped(cell_dir, owner_pid):
+    train.held = Model()  # finalised as the interpreter exits, as torch.library's are
+    weakref.finalize(train.held, lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
+    both = {{signal.SIGINT, signal.SIGTERM}}
+    signal.pthread_sigmask(signal.SIG_BLOCK, both)
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C to the process group ...
+    os.kill(os.getpid(), signal.SIGTERM)  # ... and cotgap stopping its workers
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both pending at once, as CI had them
+    time.sleep(5)
+    raise AssertionError("the signals did not interrupt the worker")
+
+train.train = stopped
+raise SystemExit(train.main(["--cell-dir", {str(cell)!r}]))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert not done.stderr.strip(), done.stderr  # not a traceback, nor "ignored" noise
+    assert not (cell / ".adapter.tmp").exists()  # its clean-up ran to the end
+
+
 def test_an_interrupted_worker_leaves_no_half_written_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -646,11 +683,12 @@ def test_an_interrupted_worker_leaves_no_half_written_folder(
         raise AssertionError("the signal did not interrupt the worker")
 
     monkeypatch.setattr(train, "train", stopped_mid_save)
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert train.main(["--cell-dir", str(cell)]) == 130
+        assert train.main(["--cell-dir", str(cell)]) == 128 + signal.SIGTERM
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     assert sorted(p.relative_to(cell).as_posix() for p in cell.rglob("*") if p.is_dir()) == [
         "checkpoints",
         "checkpoints/step-5",
