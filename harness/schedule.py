@@ -28,11 +28,13 @@ import dataclasses
 import importlib
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from harness import progress
 from harness.cells import PHASES, STAGE_OF_KIND, STAGES, Cell
 from harness.config import Experiment
 from harness.errors import UserError
@@ -394,12 +396,81 @@ def run_local(
     """Compute the schedule's work in this process's children, phase by phase."""
     began = time.perf_counter()
     sched.emit("run", cells=len(sched.work), pid=os.getpid())
-    while groups := sched.ready(lowest_phase=True, share_workers=True):
-        for g in groups:
-            t0 = time.perf_counter()
-            run_group(exp, store, g, table)
-            sched.finish(g, time.perf_counter() - t0)
+    with PhaseProgress(sched):
+        while groups := sched.ready(lowest_phase=True, share_workers=True):
+            for g in groups:
+                t0 = time.perf_counter()
+                run_group(exp, store, g, table)
+                sched.finish(g, time.perf_counter() - t0)
     if not sched.finished:  # not reachable unless the grid has an input outside it
         raise UserError(f"{len(sched.pending)} cell(s) can never run: their inputs are missing.")
     sched.emit("run_done", counts=sched.counts, seconds=round(time.perf_counter() - began, 3))
     return sched.counts
+
+
+class PhaseProgress:
+    """On a terminal, a bar for the phase under way (its cells done, with an ETA) above the jobs'
+    bars. It sits between the schedule and its event stream for the run: a phase's and a group's
+    start show in the bar instead of a line each (they still go to events.jsonl), and a thread
+    counts the running group's cells whose manifest has appeared, so a group of 24 adapters
+    moves the bar cell by cell. Off a terminal it changes nothing."""
+
+    every = 0.5  # seconds between two looks at the running group's cells
+
+    def __init__(self, sched: Schedule) -> None:
+        self.sched, self.inner = sched, sched.emit
+        self.bar = progress.PhaseBar()
+        self.lock = threading.Lock()
+        self.phase_keys: set[str] = set()
+        self.finished: set[str] = set()
+        self.running: tuple[str, list[str]] | None = None  # (kind, keys) of the group under way
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> PhaseProgress:
+        if self.bar.active:
+            self.sched.emit = self
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar.active:
+            self.stopping.set()
+            self.thread.join()
+            self.sched.emit = self.inner
+            self.bar.close()
+
+    def __call__(self, event: str, say: str | None = None, **fields: Any) -> None:
+        with self.lock:
+            if event == "phase":
+                self.phase_keys = {
+                    c.key for c in self.sched.pending.values() if c.phase == fields["phase"]
+                }
+                self.finished, self.running = set(), None
+                stage, title = PHASES[fields["phase"]]
+                where = f"phase {fields['phase']}/{max(PHASES)} {stage}: {title}"
+                self.bar.start(where, len(self.phase_keys))
+                say = None
+            elif event == "group":
+                self.running, say = (fields["kind"], list(fields["cells"])), None
+            elif event in ("group_done", "skip"):
+                self.finished.update(fields["cells"] if event == "group_done" else [fields["cell"]])
+                self.running = None if event == "group_done" else self.running
+            elif event == "phase_done":
+                self.bar.finish()
+        self.inner(event, say, **fields)
+        if event in ("group_done", "skip"):
+            self._count()
+
+    def _count(self) -> None:
+        with self.lock:
+            done = len(self.finished & self.phase_keys)
+            running = self.running
+        if running:  # cells of the group under way that are complete on disk already
+            kind, keys = running
+            done += sum(k not in self.finished and self.sched.store.complete(kind, k) for k in keys)
+        self.bar.set(done)
+
+    def _loop(self) -> None:
+        while not self.stopping.wait(self.every):
+            self._count()

@@ -179,14 +179,19 @@ def _run_workers(commands: list[list[str]], threads: int | None) -> int:
     first non-zero exit code, else 0. When this process is interrupted, stop them (SIGTERM, then
     SIGKILL) with their own children (the ranks of `accelerate launch`), so nothing trains on
     after we are gone."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
-    procs = [subprocess.Popen(cmd, env=env) for cmd in commands]
-    try:
-        codes = [p.wait() for p in procs]
-    except BaseException:
-        for p in procs:
-            stop_tree(p.pid)
-        raise
+    from harness.progress import Relay
+
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    with Relay(len(commands)) as relay:  # the workers' bars on our display, on a terminal
+        procs = [
+            subprocess.Popen(cmd, env={**env, **relay.env(i)}) for i, cmd in enumerate(commands)
+        ]
+        try:
+            codes = [p.wait() for p in procs]
+        except BaseException:
+            for p in procs:
+                stop_tree(p.pid)
+            raise
     return next((rc for rc in codes if rc), 0)
 
 

@@ -43,3 +43,35 @@ def test_bar_follows_events():
             bar.update(event)
     task = bar.progress.tasks[0]
     assert (task.total, task.completed, bar.cell, bar.tokens) == (6, 6, "traces:t/x", 60)
+
+
+def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatch):
+    """A training worker cannot draw on cotgap's display: on a terminal (made to think so here)
+    the Relay names a file in the child's environment, the child's StageProgress appends its events
+    there and prints nothing itself, and the parent's bar for it follows them to the end. A real
+    child process; the folder of files is gone afterwards."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
+    code = (
+        "from harness.progress import StageProgress\n"
+        "with StageProgress('train stu/t-a') as bar:\n"
+        "    bar.update({'total': 5})\n"
+        "    for step in range(5):\n"
+        "        bar.update({'fields': f'loss {1 / (step + 1):.3f}', 'samples': 1, 'tokens': 10})\n"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    with progress.Relay(1, every=0.01) as relay:
+        env = {**os.environ, **relay.env(0)}
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True
+        )
+        folder = relay.folder
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    [bar] = relay.bars.values()
+    assert (bar.description, bar.total, bar.done, bar.tokens) == ("train stu/t-a", 5, 5, 50)
+    assert bar.extra == "loss 0.200" and bar.closed
+    assert not folder.exists() and not progress.live()

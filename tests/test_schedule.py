@@ -7,11 +7,12 @@ stages run through the same loop in tests/test_pipeline.py and tests/test_ray.py
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from harness import grid, schedule
+from harness import grid, progress, schedule
 from harness.cells import Cell
 from harness.config import Experiment, load_experiment
 from harness.errors import UserError
@@ -144,3 +145,42 @@ def test_only_names_stages_and_rejects_anything_else() -> None:
     for wrong in ("traces", "eval", "", "train,trian"):
         with pytest.raises(UserError, match="is not a stage"):
             schedule.parse_only(wrong)
+
+
+def test_on_a_terminal_one_bar_per_phase_counts_its_cells_as_they_complete(setup, monkeypatch):
+    """The phase bar (made to think stderr is a terminal; Rich draws nothing on pytest's stderr,
+    the bar's counts are read instead): its total is the phase's cells, and inside the one group of
+    6 adapters it moves cell by cell, from the manifests on disk. The phase and group lines go to
+    the bar, not the log; the phase-done lines and every event stay."""
+    exp, g, store = setup
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
+    monkeypatch.setattr(schedule.PhaseProgress, "every", 0.02)
+    seen: list[tuple[str, float, float]] = []
+
+    class Watched(FakeStages):
+        groups = 0
+
+        def _stage(self, exp: Experiment, store: Store, cells: list[Cell]) -> None:
+            Watched.groups += 1
+            for c in cells:
+                super()._stage(exp, store, [c])
+                time.sleep(0.15)  # a few looks of the bar's thread
+                [phase] = [
+                    t for t in progress._DISPLAY.progress.tasks if t.fields["speed"] == "cells"
+                ]
+                seen.append((phase.description, phase.completed, phase.total))
+
+    said: list[str] = []
+    run(exp, g, store, table=Watched(), events=schedule.Events(store, said.append))
+    adapters = [(done, total) for what, done, total in seen if "LoRA adapters" in what]
+    assert adapters == [(i, 6) for i in range(1, 7)]
+    assert {what for what, _, _ in seen} == {
+        f"phase {p}/6 {stage}: {title}"
+        for p, (stage, title) in schedule.PHASES.items()
+        if p in (1, 2, 3, 5, 6)
+    }
+    assert not any("cells done]" in line or line.endswith("cell(s)") for line in said)
+    assert sum("done in" in line for line in said) == 5  # one per phase
+    kinds = [e["event"] for e in schedule.read_events(store)]
+    assert kinds.count("phase") == 5 and kinds.count("group") == Watched.groups
+    assert not progress.live()  # the display is down once the run is over
