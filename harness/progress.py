@@ -243,6 +243,19 @@ class Relay:
     def env(self, i: int) -> dict[str, str]:
         return {FORWARD_ENV: str(self.paths[i])} if self.active else {}
 
+    def output(self, i: int) -> Any:
+        """Where child `i` writes stdout and stderr: a file here on a terminal (text written
+        through the live display would be drawn over; `failed` shows it), else ours (None)."""
+        return open(self.paths[i].with_suffix(".log"), "ab") if self.active else None
+
+    def failed(self, i: int, lines: int = 30) -> None:
+        """Show the end of child `i`'s output above the bars: it failed, and that says why."""
+        log = self.paths[i].with_suffix(".log") if self.active else None
+        if log is not None and log.exists():
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            for line in tail:
+                print(line, file=sys.stderr)
+
     def __enter__(self) -> Relay:
         if self.active:
             self.thread.start()

@@ -183,15 +183,21 @@ def _run_workers(commands: list[list[str]], threads: int | None) -> int:
 
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with Relay(len(commands)) as relay:  # the workers' bars on our display, on a terminal
-        procs = [
-            subprocess.Popen(cmd, env={**env, **relay.env(i)}) for i, cmd in enumerate(commands)
-        ]
+        procs = []
+        for i, cmd in enumerate(commands):
+            out = relay.output(i)
+            procs.append(subprocess.Popen(cmd, env={**env, **relay.env(i)}, stdout=out, stderr=out))
+            if out is not None:
+                out.close()  # the child holds its own
         try:
             codes = [p.wait() for p in procs]
         except BaseException:
             for p in procs:
                 stop_tree(p.pid)
             raise
+        for i, rc in enumerate(codes):
+            if rc:
+                relay.failed(i)
     return next((rc for rc in codes if rc), 0)
 
 

@@ -45,11 +45,12 @@ def test_bar_follows_events():
     assert (task.total, task.completed, bar.cell, bar.tokens) == (6, 6, "traces:t/x", 60)
 
 
-def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatch):
+def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatch, capsys):
     """A training worker cannot draw on cotgap's display: on a terminal (made to think so here)
     the Relay names a file in the child's environment, the child's StageProgress appends its events
-    there and prints nothing itself, and the parent's bar for it follows them to the end. A real
-    child process; the folder of files is gone afterwards."""
+    there and prints nothing itself, and the parent's bar for it follows them to the end. A child's
+    own output goes to a file instead of through the bars, and a failed child's is shown. Real
+    child processes; the folder of files is gone afterwards."""
     import os
     import subprocess
     import sys
@@ -63,14 +64,21 @@ def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatc
         "    for step in range(5):\n"
         "        bar.update({'fields': f'loss {1 / (step + 1):.3f}', 'samples': 1, 'tokens': 10})\n"
     )
+    fails = "import sys; print('warming up'); sys.exit('error: the reason it stopped')"
     repo = Path(__file__).resolve().parents[1]
-    with progress.Relay(1, every=0.01) as relay:
+    with progress.Relay(2, every=0.01) as relay:
         env = {**os.environ, **relay.env(0)}
         done = subprocess.run(
             [sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True
         )
+        with relay.output(1) as out:  # a worker's own output goes to a file, not through the bars
+            failed = subprocess.run([sys.executable, "-c", fails], stdout=out, stderr=out)
+        capsys.readouterr()
+        relay.failed(1)  # ... and a failed worker's output is shown, above the bars
+        shown = capsys.readouterr().err.splitlines()
         folder = relay.folder
     assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert failed.returncode == 1 and shown == ["warming up", "error: the reason it stopped"]
     [bar] = relay.bars.values()
     assert (bar.description, bar.total, bar.done, bar.tokens) == ("train stu/t-a", 5, 5, 50)
     assert bar.extra == "loss 0.200" and bar.closed
