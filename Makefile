@@ -62,8 +62,8 @@ demo: install
 	@$(BIN)/cotgap run configs/sandbox.yaml
 
 # Tests run in $(TEST_WORKERS) pytest-xdist workers. The suite is mostly start-ups (interpreters,
-# imports, engines, training workers: one busy core) and waits (the fault suite's kills), so two
-# workers on 2 cores took make test from 8.3 to 5.4 min here. make test keeps each file in one
+# imports, engines, training workers: one busy core) and waits (the fault suite's kills), so a
+# second worker on 2 cores nearly halves it (benchmarks/README.md). make test keeps each file in one
 # worker (its shared engines and grids are made once); make test-slow spreads its few long tests
 # one by one (the real-model module stays together).
 TEST_WORKERS ?= 2

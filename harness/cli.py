@@ -25,19 +25,20 @@ from rich.console import Console
 from harness import progress
 from harness.errors import Interrupted, UserError, stop_on_signals
 
+# Plain help (rich_markup_mode=None): click rewraps each paragraph to the terminal and shows no
+# type labels such as `<bool>` next to flags.
+_PLAIN = {"no_args_is_help": True, "rich_markup_mode": None}
 app = typer.Typer(
     help="cotgap: score every CoT-distilled student against its own pre-distillation baseline.",
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    **_PLAIN,
 )
-ls_app = typer.Typer(help="List tasks, cells or a task's items.", no_args_is_help=True)
+ls_app = typer.Typer(help="List tasks, cells or a task's items.", **_PLAIN)
 sandbox_app = typer.Typer(
-    help="The CPU sandbox: synthetic tasks and a tiny pretrained model zoo.", no_args_is_help=True
+    help="The CPU sandbox: synthetic tasks and a tiny pretrained model zoo.", **_PLAIN
 )
-models_app = typer.Typer(
-    help="Model sources that need a step first (GGUF files).", no_args_is_help=True
-)
+models_app = typer.Typer(help="Model sources that need a step first (GGUF files).", **_PLAIN)
 app.add_typer(ls_app, name="ls")
 app.add_typer(sandbox_app, name="sandbox")
 app.add_typer(models_app, name="models")
@@ -57,7 +58,9 @@ _OS_FIXES = {
     errno.EEXIST: "a file stands where a directory is expected; fix the path",
 }
 
-ConfigArg = Annotated[Path, typer.Argument(help="experiment YAML", show_default=False)]
+ConfigArg = Annotated[
+    Path, typer.Argument(help="experiment YAML", show_default=False, metavar="CONFIG")
+]
 Stage = Annotated[
     str | None,
     typer.Option(help="run only these stages: generate, train, evaluate, screen (comma-separated)"),
@@ -67,8 +70,24 @@ Wait = Annotated[
 ]
 
 
+def _version(value: bool) -> None:
+    if value:
+        from harness import __version__
+
+        typer.echo(f"cotgap {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
     _STATE["debug"] = debug
 
 
@@ -92,7 +111,11 @@ def _load(config: Path):
 
 
 @app.command()
-def validate(configs: Annotated[list[Path], typer.Argument(help="experiment YAML files")]) -> None:
+def validate(
+    configs: Annotated[
+        list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")
+    ],
+) -> None:
     """Check experiment YAML files: every error at once, with file, key path and suggestion."""
     errors = []
     for path in configs:
@@ -134,7 +157,7 @@ def ls_tasks() -> None:
 
 @ls_app.command("items")
 def ls_items(
-    task: str,
+    task: Annotated[str, typer.Argument(help="task name (see `cotgap ls tasks`)", metavar="TASK")],
     split: Annotated[str, typer.Option(help="train or test")] = "test",
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
@@ -286,7 +309,8 @@ def generate(
     task: Annotated[str | None, typer.Option(help="only this task")] = None,
     wait: Wait = 0,
 ) -> None:
-    """Generate teacher CoT traces (n samples per question, scored) with vLLM."""
+    """Generate teacher CoT traces (n samples per question, scored) with the configured engine
+    (vLLM, or transformers where vLLM is not installed)."""
     _stage(config, "generate", wait, model=teacher, task=task)
 
 
@@ -381,7 +405,10 @@ def score(
 @app.command()
 def check(
     target: Annotated[
-        Path, typer.Argument(help="experiment YAML, or its results directory", show_default=False)
+        Path,
+        typer.Argument(
+            help="experiment YAML, or its results directory", show_default=False, metavar="TARGET"
+        ),
     ],
 ) -> None:
     """Verify every complete cell's files against its manifest; list the damaged cells."""
@@ -475,7 +502,10 @@ def _write_viewer(root: Path) -> str:
 @app.command()
 def view(
     target: Annotated[
-        Path, typer.Argument(help="experiment YAML, or its results directory", show_default=False)
+        Path,
+        typer.Argument(
+            help="experiment YAML, or its results directory", show_default=False, metavar="TARGET"
+        ),
     ],
     out: Annotated[
         Path | None, typer.Option(help="where to write (default: analysis/viewer.html)")
@@ -509,7 +539,8 @@ def export(
 @sandbox_app.command("build")
 def sandbox_build(
     names: Annotated[
-        list[str] | None, typer.Argument(help="zoo models (default: all of the profile)")
+        list[str] | None,
+        typer.Argument(help="zoo models (default: all of the profile)", metavar="NAME"),
     ] = None,
     profile: Annotated[str, typer.Option(help="demo or test")] = "demo",
     check: Annotated[
@@ -553,7 +584,10 @@ def sandbox_verify() -> None:
 
 @models_app.command("import")
 def models_import(
-    source: Annotated[str, typer.Argument(help="a .gguf file or an installed package holding one")],
+    source: Annotated[
+        str,
+        typer.Argument(help="a .gguf file or an installed package holding one", metavar="SOURCE"),
+    ],
 ) -> None:
     """De-quantise a GGUF file into a cached Hugging Face directory and print it (then use
     `path: gguf:<the same>` in a config)."""

@@ -3,9 +3,9 @@
     python -c "from harness.precision import choose; print(choose())"
     COTGAP_PRECISION=fp32 cotgap sandbox build      # force the fp32 path (auto | bf16 | fp32)
 
-On a CPU, bf16 autocast is ~1.5x faster than fp32 where the cores have bf16 instructions
-(x86 `avx512_bf16` or `amx_bf16`, Arm `bf16`) and ~6x slower where it is emulated (AVX2 only;
-measured: 4.3k vs 27.5k tok/s). So "auto" reads the CPU's feature flags rather than assuming, and
+On a CPU, bf16 autocast is faster than fp32 where the cores have bf16 instructions
+(x86 `avx512_bf16` or `amx_bf16`, Arm `bf16`) and several times slower where it is emulated (AVX2
+only). So "auto" reads the CPU's feature flags rather than assuming, and
 every caller records the choice it made. On CUDA, "auto" is bf16 where the device supports it.
 A pure leaf: the flags come from /proc/cpuinfo (or sysctl on macOS); torch is imported only for
 the CUDA question, and only when it is already imported.

@@ -45,10 +45,10 @@ def inputs(
 
 def key_fields(regime: str, train: Any, traces: dict[str, str] | None = None) -> dict[str, Any]:
     """What of the training config a dataset's key holds besides max_length (`traces`: the traces
-    key of each teacher, which the mix's weights are keyed by; per-item filtering only when set:
-    it was added after keys were published)."""
+    key of each teacher, which the mix's weights are keyed by; per-item filtering only when set,
+    so the key of an unfiltered set does not depend on it)."""
     fields: dict[str, Any] = {"matched_by": train.matched_by if regime == "matched" else None}
-    if regime == "mix":  # a new regime: its field is in no earlier key
+    if regime == "mix":  # only the mix's keys hold this field
         fields["mix"] = sorted([traces[p.teacher], p.weight] for p in train.mix)
     if train.filter_by is not None:
         fields["filter"] = {"by": train.filter_by, "drop": train.filter_drop}

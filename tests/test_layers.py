@@ -1,4 +1,4 @@
-"""The module layering of harness/ (README: "File map"): imports only go down or sideways, the
+"""The module layering of harness/ (docs/contributing.md): imports only go down or sideways, the
 module-level import graph has no cycle, and planning imports no stage, engine, torch or vLLM."""
 
 from __future__ import annotations

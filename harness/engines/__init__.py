@@ -98,7 +98,7 @@ def in_request_order(
 
 def _reuse_default() -> bool:
     """Whether engine work reuses one warm child process per run. On a CPU machine it does: a
-    fresh child pays `import vllm` and the first engine's set-up (measured 7-20 s) for every
+    fresh child pays `import vllm` and the first engine's set-up (seconds) for every
     model of every stage, most of a small grid's time; memory goes back to the allocator when a
     job's engine is dropped. With a GPU each group gets a fresh child, which is the only sure way
     to hand every byte of GPU memory back. COTGAP_ENGINE_WORKER=fresh|reuse overrides."""

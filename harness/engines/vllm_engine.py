@@ -46,9 +46,9 @@ CPU_MAX_NUM_SEQS = (256, 4096)  # vLLM's CPU default, and our ceiling
 def cpu_max_num_seqs(model_dir: str | None, kv_cache_bytes: int, dtype_bytes: int) -> int | None:
     """Running sequences for a CPU engine: as many as its KV cache holds at CPU_SEQ_TOKENS tokens
     each, within CPU_MAX_NUM_SEQS. vLLM's CPU default (256) leaves a small model's steps mostly
-    fixed overhead: the sandbox's 12 adapters x 200 greedy items took 11.1 s at 256 and 6.3 s at
-    2,400 (same completions); a model whose KV cache holds fewer keeps the default. None (vLLM's
-    default) when the model's config.json does not say its attention shape."""
+    fixed overhead, and more sequences a step give the same completions sooner; a model whose KV
+    cache holds fewer keeps the default. None (vLLM's default) when the model's config.json does
+    not say its attention shape."""
     try:
         cfg = json.loads((Path(model_dir or "") / "config.json").read_text())
     except (OSError, ValueError):
