@@ -86,7 +86,7 @@ NOTES = {
         "max_length": "longer examples are dropped and counted, never truncated",
         "max_grad_norm": "gradient clipping",
         "seeds": "training seeds: one adapter per seed",
-        "regimes": "how a training set is chosen from the traces (see Regimes)",
+        "regimes": "how a training set is chosen from the traces ([Regimes](regimes.md))",
         "matched_by": "the `matched` regime equalises examples or tokens",
         "budget": "how adapters of different regimes are made comparable",
         "group_by_length": "batch examples of similar length together",
@@ -242,7 +242,8 @@ def config_page() -> str:
         "Every key of an experiment YAML, section by section. Every section forbids unknown keys:",
         "a misspelt key is an error that names the file, the key path and the nearest valid key",
         "(`cotgap validate`). Lists may be written `[a, b]` or as `- a` lines. A task in `tasks` may",
-        "be a bare name (`gsm8k`) or a mapping (`{name: gsm8k, test_limit: 500}`).",
+        "be a bare name (`gsm8k`) or a mapping (`{name: gsm8k, test_limit: 500}`). What the",
+        "regimes, budgets and task pre-selection do: [Regimes and budgets](regimes.md).",
         "",
     ]
     _check_notes()
