@@ -112,9 +112,7 @@ def _load(config: Path):
 
 @app.command()
 def validate(
-    configs: Annotated[
-        list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")
-    ],
+    configs: Annotated[list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")],
 ) -> None:
     """Check experiment YAML files: every error at once, with file, key path and suggestion."""
     errors = []
