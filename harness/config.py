@@ -267,7 +267,24 @@ class AnalysisConfig(Strict):
     seed: int = 0
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
     effect_of_interest: float = Field(
-        3.0, gt=0, le=100, description="smallest gain worth detecting, in points (`cotgap plan`)"
+        3.0,
+        gt=0,
+        le=100,
+        description="smallest gain worth acting on, in points: the equivalence margin and the bar "
+        "a `none` answer must rule out",
+    )
+    min_replicates: int = Field(
+        3,
+        ge=2,
+        description="replicates a teacher needs before any verdict but inconclusive (fewer: "
+        "exploratory); with 2, the spread of two replicates is too unstable for the rule's "
+        "error rates",
+    )
+    replicate_sd: float = Field(
+        3.0,
+        ge=0,
+        description="prior SD of a teacher's post accuracy between replicates, in points: what "
+        "`cotgap plan` assumes until replicates have run",
     )
 
 
