@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import cells, grid, regimes
+from harness import cells, dataset, grid, plan, regimes
 from harness.cells import PHASES, STAGE_OF_KIND, TRAIN_PACKAGES, Adapter, Dataset, Eval, Traces
 from harness.config import Experiment, load_experiment
 from harness.sandbox import tasks as sandbox_tasks
@@ -230,6 +230,10 @@ def test_crossed_and_paired_replicates_count_their_cells(
         for regime in exp.train.regimes:
             mine = sorted(r[4:] for r in g.distilled if r[2:4] == (teacher, regime))
             assert mine == pairs
+    line = (
+        f"replicates per teacher: {len(pairs)} ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
+    )
+    assert plan.replicates_line(exp).startswith(line)
     for (*_, draw, seed), d in g.distilled.items():
         assert (d.trace_seed, d.train_seed) == (draw, seed)
         assert d.dataset.trace_seed == d.adapter.trace_seed == d.eval.trace_seed == draw
@@ -273,6 +277,8 @@ def test_every_set_reads_only_its_own_draws_traces(tmp_path: Path) -> None:
             assert sorted(d.dataset.config["teachers"]) == sorted(by_draw[draw])
         if d.dataset.regime == "mix":
             assert {k for k, _ in d.dataset.config["mix"]} == by_draw[draw]
+            names = {g.traces["sandbox_coin_flip", t, draw].key: t for t in ("t-small", "t-large")}
+            assert dataset._teacher_names(exp, d.dataset) == names  # the realised mix's names
         else:
             assert d.dataset.config["teacher"] == g.traces["sandbox_coin_flip", teacher, draw].key
         if len(d.adapter.upstream) == 2:  # aligned: the reference set of the same draw

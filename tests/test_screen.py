@@ -455,3 +455,28 @@ def test_a_screen_cell_with_a_local_window_records_local_nll(tmp_path: Path) -> 
     assert summary["local_nll"] == pytest.approx(np.mean([r["local_nll"] for r in rows]))
     assert summary["n_tokens"] == sum(r["n_tokens"] for r in rows)
     assert screening.table(exp, store)["local_nll"].notna().sum() == 1
+
+
+def test_screen_table_ranks_the_teachers_of_each_trace_draw(tmp_path: Path) -> None:
+    """With two trace draws a screen cell reads one draw's set: one row per draw, ranked among
+    the teachers of the same draw (t-large first on draw 0, last on draw 1)."""
+    base = load_experiment(CONFIG)
+    exp = base.model_copy(
+        update={
+            "results_dir": str(tmp_path),
+            "screen": ScreenConfig(),
+            "generate": base.generate.model_copy(update={"seeds": (0, 1)}),
+        }
+    )
+    g, store = grid.expand(exp), Store(exp.root)
+    for (*_, teacher, _, draw), c in g.screens.items():
+        first = (teacher == "t-large") == (draw == 0)
+        summary = {k: 1.0 for k in screening.SIGNALS} | {"rsr": 1.0 if first else 2.0}
+        summary |= {"n_examples": 5, "n_screened": 5, "n_tokens": 50, "teacher_train_acc": 0.5}
+        with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
+            out.finish(summary)
+    tbl = screening.table(exp, store)
+    assert len(tbl) == len(g.screens) == 2 * 3 * 2  # teachers x regimes x draws
+    assert list(tbl.columns[:5]) == ["task", "student", "teacher", "regime", "trace_seed"]
+    for r in tbl.itertuples():
+        assert r.screen_rank == (1 if (r.teacher == "t-large") == (r.trace_seed == 0) else 2)
