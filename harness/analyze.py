@@ -42,6 +42,8 @@ COLUMNS: dict[str, str] = {
     "regime": "training-set regime: per_teacher | intersection | matched | mix, with @align when "
     "the budget is aligned (distilled rows)",
     "seed": "training seed (distilled rows)",
+    "trace_seed": "trace-sampling seed of the traces the row's training set was drawn from: one of "
+    "generate.seeds, else generate.seed (distilled rows)",
     "base_acc": "student's test accuracy without distillation, a fraction in [0, 1]",
     "post_acc": "distilled student's test accuracy, a fraction in [0, 1]",
     "gain": "post_acc - base_acc on the same test items, a fraction in [-1, 1]",
@@ -62,7 +64,8 @@ COLUMNS: dict[str, str] = {
     "teacher is better)",
     "n_replicates": "replicate units of this teacher in its group (trace draws, else training seeds)",
     "teacher_acc": "teacher's test accuracy under the same eval config, a fraction in [0, 1]",
-    "teacher_train_acc": "teacher's train-split yield: share of questions with a correct trace, in [0, 1]",
+    "teacher_train_acc": "teacher's train-split yield: share of questions with a correct trace, in "
+    "[0, 1]; a teacher row: the mean over its trace draws, a distilled row: its own draw's",
     "n_test": "test items scored (for distilled rows: items paired with the baseline)",
     "n_train_examples": "examples in the distilled row's training set",
     "train_tokens": "tokens in the distilled row's training set",
@@ -74,14 +77,16 @@ COLUMNS: dict[str, str] = {
     "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "eval_key": "eval cell the row scores",
     "adapter_key": "adapter cell of a distilled row",
-    "traces_key": "traces cell of the row's teacher on this task",
+    "traces_key": "traces cell of the row's teacher on this task: a distilled row's own trace draw, "
+    "a teacher row's first",
     "baseline_key": "baseline eval cell of the row's student on this task",
-    "seed_sd": "SD of post_acc across training seeds of this (task, student, teacher, regime) "
-    "(empty with one seed): the seed-to-seed noise floor",
+    "seed_sd": "SD of post_acc across the replicates (trace draws x training seeds) of this "
+    "(task, student, teacher, regime) (empty with one): the replicate-to-replicate noise floor",
     "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
 _DTYPES = {
     "seed": "Int64",
+    "trace_seed": "Int64",
     "n_test": "Int64",
     "n_train_examples": "Int64",
     "train_tokens": "Int64",
@@ -278,19 +283,20 @@ def leaderboard(
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     teachers = {}
     for (task, teacher), ev in grid.teachers.items():
-        teachers[task, teacher] = _teacher_row(reader, ev, grid.traces[task, teacher])
+        draws = [c for (t, name, _), c in grid.traces.items() if (t, name) == (task, teacher)]
+        teachers[task, teacher] = _teacher_row(reader, ev, draws)
     for task in (t.name for t in exp.tasks):
         rows.extend(row for (t, _), row in teachers.items() if t == task)
         for (t, student), base in grid.baselines.items():
             if t != task:
                 continue
             rows.append(_baseline_row(reader, base))
-            for (t, s, teacher, _, _), d in grid.distilled.items():
+            for (t, s, teacher, *_), d in grid.distilled.items():
                 if (t, s) == (task, student):
                     row = _distilled_row(exp.analysis, reader, d)
                     # a mix row has no teacher row of its own (regimes.MIX_TEACHER)
                     of = teachers.get((task, teacher), {"task": task, "teacher": teacher})
-                    rows.append({**_teacher_columns(of), **row})
+                    rows.append({**_teacher_columns(of), **_draw_columns(reader, d), **row})
     board = pd.DataFrame(rows)
     board["screened_out"] = board["adapter_key"].map(screening.screened_out(grid, store))
     board["student_size"] = board["student"].map(sizes)
@@ -318,7 +324,7 @@ def _group_arms(
     reader: _Reader, board: pd.DataFrame
 ) -> Iterator[tuple[tuple, tuple[np.ndarray, dict[str, list[Replicate]]]]]:
     """Per (task, student, regime) group with a scored baseline: its 0/1 vector and, per teacher,
-    its replicates' vectors over the same items."""
+    its scored replicates (one per trace draw and training seed), in leaderboard order."""
     dist = board[board["row_type"] == "distilled"]
     for key, rows in dist.groupby(_GROUP, sort=False):
         base = reader.eval(rows["baseline_key"].iloc[0])
@@ -417,24 +423,33 @@ def _decision_columns(board: pd.DataFrame, decisions: dict[tuple, dict]) -> None
     board.loc[dist, "seed_sd"] = sd
 
 
-def _teacher_row(reader: _Reader, ev_cell: Eval, traces: Traces) -> dict:
+def _teacher_row(reader: _Reader, ev_cell: Eval, draws: list[Traces]) -> dict:
+    """A teacher's row: its test accuracy, and its yield averaged over its trace draws."""
     ev = reader.eval(ev_cell.key)
+    yields = [reader.traces_yield(c.key) for c in draws]
     return {
         "row_type": "teacher",
         "task": ev_cell.task,
         "teacher": ev_cell.model,
         "teacher_acc": ev.accuracy if ev else NAN,
-        "teacher_train_acc": reader.traces_yield(traces.key),
+        "teacher_train_acc": float(np.mean(yields)) if yields else NAN,
         "n_test": len(ev.correct) if ev else None,
         **_rates(ev),
         "eval_key": ev_cell.key,
-        "traces_key": traces.key,
+        "traces_key": draws[0].key,
     }
 
 
 def _teacher_columns(teacher_row: dict) -> dict:
     keys = ("task", "teacher", "teacher_acc", "teacher_train_acc", "traces_key")
     return {k: teacher_row.get(k) for k in keys}
+
+
+def _draw_columns(reader: _Reader, d: grids.Distilled) -> dict:
+    """A distilled row's own trace draw: its traces cell and that draw's yield (none for mix)."""
+    if d.traces is None:
+        return {"traces_key": None, "teacher_train_acc": NAN}
+    return {"traces_key": d.traces.key, "teacher_train_acc": reader.traces_yield(d.traces.key)}
 
 
 def _baseline_row(reader: _Reader, cell: Eval) -> dict:
@@ -469,7 +484,8 @@ def _distilled_row(a: AnalysisConfig, reader: _Reader, d: grids.Distilled) -> di
         "row_type": "distilled",
         "student": cell.model,
         "regime": cell.regime,
-        "seed": cell.seed,
+        "seed": d.train_seed,
+        "trace_seed": d.trace_seed,
         "base_acc": base.accuracy if base else NAN,
         "post_acc": post.accuracy if post else NAN,
         "n_test": None,
@@ -526,6 +542,8 @@ def analyse(
             "tasks": [t.name for t in exp.tasks],
             "regimes": regimes.row_regimes(exp.train),
             "seeds": list(exp.train.seeds),
+            "trace_seeds": list(exp.generate.trace_seeds),
+            "replicates": exp.train.replicates,
         },
         "analysis_config": canonical(a),
         "groups": groups,
@@ -795,9 +813,10 @@ ANSWER_COLUMNS: dict[str, str] = {
 
 
 def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
-    """Mean post and gain per regime over the (task, student, teacher, seed) cells complete in all:
-    a description (wins, ties, losses against the reference regime), never a "best" regime."""
-    keys = ["task", "student", "teacher", "seed"]
+    """Mean post and gain per regime over the (task, student, teacher, trace_seed, seed) cells
+    complete in all: a description (wins, ties, losses against the reference regime), never a
+    "best" regime."""
+    keys = ["task", "student", "teacher", "trace_seed", "seed"]
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
@@ -879,7 +898,8 @@ def training_budget(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[
 
 
 def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per complete adapter: its regime (with the budget alignment), teacher (or mix), seed, the
+    """Per complete adapter: its regime (with the budget alignment), teacher (or mix), trace draw
+    and training seed, the
     optimizer updates, effective batch, examples and tokens it trained on, the realised mix of a
     mix set, and its post accuracy and gain; one row per adapter, in leaderboard order."""
     out, seen = [], set()
@@ -899,6 +919,7 @@ def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
                 "student": r.student,
                 "regime": r.regime,
                 "teacher": r.teacher,
+                "trace_seed": r.trace_seed,
                 "seed": r.seed,
                 "align": b.get("align", "none"),
                 "updates": s.get("steps"),

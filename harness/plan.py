@@ -153,11 +153,25 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
+    console.print(replicates_line(exp))
     for line in selection_lines(exp, store, grid, todo):
         console.print(line)
     for line in detectable_gains(exp, store, grid):
         console.print(line)
     return cells
+
+
+def replicates_line(exp: Experiment) -> str:
+    """How many replicates stand behind each teacher: trace draws, training seeds, and how they
+    combine (train.replicates)."""
+    draws, seeds, reps = exp.generate.trace_seeds, exp.train.seeds, exp.replicates()
+    source = "generate.seeds" if exp.generate.seeds is not None else "generate.seed"
+    how = f"{exp.train.replicates}: " if len(draws) > 1 and len(seeds) > 1 else ""
+    return (
+        f"replicates per teacher: {len(reps)} ({how}{len(draws)} trace draw(s), {source} "
+        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
+        f"{', '.join(map(str, seeds))}) for each (task, student, regime)"
+    )
 
 
 def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:

@@ -101,6 +101,15 @@ def _names(names: list[str]) -> str:
 # --- sections ------------------------------------------------------------------------------------
 
 
+def _draws(grid: dict[str, Any]) -> str:
+    """The trace draws of a grid with several (`generate.seeds`), and how they meet the seeds."""
+    draws = grid.get("trace_seeds") or []
+    if len(draws) < 2:
+        return ""
+    how = "each with every seed" if grid["replicates"] == "crossed" else "paired with the seeds"
+    return f"; trace draws (generate.seeds): {', '.join(map(str, draws))}, {how}"
+
+
 def _header(exp: Experiment, r: dict[str, Any]) -> str:
     grid = r["grid"]
     text = (
@@ -110,7 +119,9 @@ def _header(exp: Experiment, r: dict[str, Any]) -> str:
         f"Grid: {len(grid['teachers'])} teachers ({', '.join(grid['teachers'])}) × "
         f"{len(grid['students'])} students ({', '.join(grid['students'])}) × "
         f"{len(grid['tasks'])} tasks ({', '.join(grid['tasks'])}); regimes: "
-        f"{', '.join(grid['regimes'])}; seeds: {', '.join(map(str, grid['seeds']))}."
+        f"{', '.join(grid['regimes'])}; seeds: {', '.join(map(str, grid['seeds']))}"
+        + _draws(grid)
+        + "."
     )
     missing = r["missing_cells"]
     if missing:
@@ -410,14 +421,14 @@ def _budgets(r: dict[str, Any]) -> str:
     if not any(b["align"] != "none" or b["mix"] for b in rows):
         return ""
     table = [
-        [b["task"], b["student"], b["regime"], b["teacher"], b["seed"], b["updates"],
-         b["effective_batch"], b["examples"], b["tokens"],
+        [b["task"], b["student"], b["regime"], b["teacher"], b["trace_seed"], b["seed"],
+         b["updates"], b["effective_batch"], b["examples"], b["tokens"],
          ", ".join(f"{k} {v}" for k, v in b["mix"].items()) if b["mix"] else "",
          pts(b["post_acc"]), spts(b["gain"])]
         for b in rows
     ]  # fmt: skip
-    header = ["task", "student", "regime", "teacher", "seed", "updates", "batch", "examples",
-              "tokens", "realised mix", "post", "gain"]  # fmt: skip
+    header = ["task", "student", "regime", "teacher", "trace seed", "seed", "updates", "batch",
+              "examples", "tokens", "realised mix", "post", "gain"]  # fmt: skip
     text = (
         "## Training budgets\n\n`train.budget.align` trains each adapter for as many optimizer "
         "updates as match its reference (a per_teacher set at the training's batch) in updates, "
@@ -430,10 +441,12 @@ def _budgets(r: dict[str, Any]) -> str:
         if b["regime"] != "mix":
             continue
         for a in rows:
-            same = (a["task"], a["student"], a["seed"]) == (b["task"], b["student"], b["seed"])
+            names = ("task", "student", "trace_seed", "seed")
+            same = all(a[k] == b[k] for k in names)
             if same and a["regime"].startswith("mix@") and b["updates"]:
                 ratios.append(
-                    f"{b['student']} on {b['task']} (seed {b['seed']}): the mix as configured took "
+                    f"{b['student']} on {b['task']} (trace seed {b['trace_seed']}, seed "
+                    f"{b['seed']}): the mix as configured took "
                     f"{b['updates']} update(s), aligned to {a['regime'].split('@')[1]} "
                     f"{a['updates']} (×{a['updates'] / b['updates']:.1f}); post "
                     f"{pts(b['post_acc'])} against {pts(a['post_acc'])}."
@@ -446,7 +459,10 @@ def _regimes(r: dict[str, Any]) -> str:
     if len(c["per_regime"]) < 2:
         return ""
     if not c["n_pairs"]:
-        return "## Regimes\n\nNo (student, task, teacher, seed) is scored in every regime yet."
+        return (
+            "## Regimes\n\nNo (student, task, teacher, trace seed, seed) is scored in every regime "
+            "yet."
+        )
     ref = c["reference"]
     rows = [
         [reg, pts(v["mean_post"]), spts(v["mean_gain"]),
@@ -456,7 +472,7 @@ def _regimes(r: dict[str, Any]) -> str:
     ]  # fmt: skip
     header = ["regime", "mean post", "mean gain", f"post − {ref}", f"wins / ties / losses vs {ref}"]
     return (
-        f"## Regimes\n\nDescriptive: means over the {c['n_pairs']} (student, task, teacher, seed) "
+        f"## Regimes\n\nDescriptive: means over the {c['n_pairs']} (student, task, teacher, trace seed, seed) "
         "cells scored in every regime, with single-adapter wins, ties and losses against "
         f"{ref}; no regime is called better here.\n\n" + md_table(header, rows)
     )

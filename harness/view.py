@@ -220,7 +220,8 @@ def build(root: Path, data_dir: str | None = None) -> str:
         return name
 
     def training_block(dataset_key: str | None, post: dict) -> str | None:
-        """One block per training set (every seed's row shares it): its traces by test item."""
+        """One block per training set (every training seed's row of its trace draw shares it):
+        its traces by test item."""
         name = f"d-{dataset_key}"
         if name in blocks:
             return name
@@ -379,7 +380,7 @@ const el = (tag, attrs = {}, ...kids) => {
   return e;
 };
 const COLS = IX.columns, C = Object.fromEntries(COLS.map((c, i) => [c, i]));
-const SHOW = ["row_type","task","student","teacher","regime","seed","teacher_acc","base_acc",
+const SHOW = ["row_type","task","student","teacher","regime","trace_seed","seed","teacher_acc","base_acc",
   "post_acc","gain","gain_ci_low","gain_ci_high","p_holm","p_best","rank_ci","n_test",
   "n_train_examples","format_fail_rate"].filter(c => c in C);
 const PCT = new Set(["teacher_acc","base_acc","post_acc","gain","gain_ci_low","gain_ci_high",
@@ -428,7 +429,8 @@ function board() {
 async function openRow(i, flip) {
   state.open = i; state.flip = flip || "all"; board();
   const box = document.getElementById("items"), d = IX.distilled[i], r = IX.rows[i];
-  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]} · seed ${r[C.seed]}`;
+  const draw = C.trace_seed === undefined ? "" : ` · trace seed ${r[C.trace_seed]}`;
+  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw} · seed ${r[C.seed]}`;
   if (d.missing) { box.replaceChildren(el("h2", {}, title), el("p", {}, d.missing)); return; }
   box.replaceChildren(el("h2", {}, title), el("p", {class: "note"}, "loading…"));
   const [base, post] = [await block(d.base), await block(d.post)];

@@ -596,3 +596,49 @@ def test_two_seeds_end_to_end(tmp_path: Path) -> None:
     assert ranking["t_large"]["within_seed_noise_of_next"] is True
     assert ranking["t_mid"]["within_seed_noise_of_next"] is False
     assert "t_large 45.0 (seed SD 7.1) ≈ t_small 40.0" in (out / "report.md").read_text()
+
+
+def test_trace_draws_are_replicates_of_the_leaderboard_and_the_comparisons(tmp_path: Path) -> None:
+    """Two trace draws paired with two training seeds: every distilled row names its draw, its
+    draw's traces and yield; a teacher row's yield is the mean over its draws; the comparisons
+    read each teacher's replicates as (trace seed, training seed, vector)."""
+    one = _experiment(tmp_path)
+    exp = one.model_copy(
+        update={
+            "generate": one.generate.model_copy(update={"seeds": (3, 8)}),
+            "train": one.train.model_copy(update={"seeds": (0, 1), "replicates": "paired"}),
+        }
+    )
+    store, g = Store(exp.root), grids.expand(exp)
+    for c in g:
+        if c.kind == "traces":  # draw 8 yields 0.1 more
+            _write(store, c, {"yield": YIELD[c.model] + (0.1 if c.trace_seed == 8 else 0.0)})
+        if c.kind == "eval" and getattr(c, "role", None) == "distilled" and c.task == TASK:
+            wins, losses = FLIPS[c.student, c.regime][c.teacher]  # draw 8: two more items won
+            _write_eval(
+                store, c, _post_vector(c.student, wins + (2 if c.trace_seed == 8 else 0), losses)
+            )
+    _populate(exp, store)
+    board, _, _, decisions = analyze.leaderboard(exp, store)
+    dist = board[board["row_type"] == "distilled"]
+    assert len(dist) == 2 * len(one.students) * 2 * len(TEACHERS) * 2  # tasks x ... x replicates
+    assert list(board.columns[board.columns.get_loc("seed") :][:2]) == ["seed", "trace_seed"]
+    assert set(zip(dist["trace_seed"], dist["seed"], strict=True)) == {(3, 0), (8, 1)}
+    for r in dist.itertuples():
+        assert r.traces_key == g.traces[r.task, r.teacher, r.trace_seed].key
+        assert r.teacher_train_acc == pytest.approx(YIELD[r.teacher] + 0.1 * (r.trace_seed == 8))
+    teachers = board[board["row_type"] == "teacher"]
+    assert teachers["teacher_train_acc"].to_numpy() == pytest.approx(
+        [YIELD[t] + 0.05 for t in teachers["teacher"]]
+    )
+    assert teachers["trace_seed"].isna().all()
+    arms = dict(analyze._group_arms(analyze._Reader(store), board))
+    base, reps = arms[TASK, "s_b", "per_teacher"]
+    assert list(base) == list(_base_vector("s_b"))
+    wins, losses = FLIPS["s_b", "per_teacher"]["t_mid"]
+    assert all(isinstance(r, analyze.Replicate) for r in reps["t_mid"])
+    assert [(r.trace_seed, r.train_seed) for r in reps["t_mid"]] == [(3, 0), (8, 1)]
+    assert list(reps["t_mid"][0].correct) == list(_post_vector("s_b", wins, losses))
+    assert list(reps["t_mid"][1].correct) == list(_post_vector("s_b", wins + 2, losses))
+    t = {x["teacher"]: x for x in decisions[TASK, "s_b", "per_teacher"]["teachers"]}
+    assert t["t_mid"]["n_seeds"] == 2 and t["t_mid"]["post_acc"] == pytest.approx(0.65)
