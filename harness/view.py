@@ -381,16 +381,15 @@ const el = (tag, attrs = {}, ...kids) => {
 };
 const COLS = IX.columns, C = Object.fromEntries(COLS.map((c, i) => [c, i]));
 const SHOW = ["row_type","task","student","teacher","regime","trace_seed","seed","teacher_acc","base_acc",
-  "post_acc","gain","gain_ci_low","gain_ci_high","p_holm","p_best","rank_ci","n_test",
-  "n_train_examples","format_fail_rate"].filter(c => c in C);
+  "post_acc","gain","teacher_gain","teacher_gain_low","teacher_gain_high","verdict","in_best_set",
+  "n_replicates","n_test","n_train_examples","format_fail_rate"].filter(c => c in C);
 const PCT = new Set(["teacher_acc","base_acc","post_acc","gain","gain_ci_low","gain_ci_high",
-  "format_fail_rate","p_best"]);
+  "teacher_gain","teacher_gain_low","teacher_gain_high","format_fail_rate"]);
 const FILTERS = ["row_type","task","student","teacher","regime"];
 const state = {sort: null, desc: false, filter: {}, open: null, flip: "all"};
 function fmt(c, v) {
   if (v === null || v === undefined) return "";
   if (PCT.has(c) && typeof v === "number") return (100 * v).toFixed(1);
-  if (c === "p_holm" && typeof v === "number") return v < 1e-3 ? v.toExponential(1) : v.toFixed(3);
   return typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v;
 }
 function filters() {
