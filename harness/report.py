@@ -236,7 +236,25 @@ def _answers(r: dict[str, Any]) -> str:
             f"Below {a['min_replicates']} replicates per teacher nothing is claimed (exploratory).",
             md_table(header, rows),
             "\n".join(f"- {_who(g)}: {answer_line(g)}." for g in decided),
+            _replicate_cost(r, decided),
         ]
+    )
+
+
+def _replicate_cost(r: dict[str, Any], decided: list[dict[str, Any]]) -> str:
+    """For exploratory groups: what the replicates the rule needs would cost."""
+    if not any(g["decision"]["exploratory"] for g in decided):
+        return ""
+    grid, a = r["grid"], r["analysis_config"]
+    have = min(min(t["n_replicates"] for t in g["decision"]["teachers"]) for g in decided)
+    per = len(grid["tasks"]) * len(grid["students"]) * len(grid["regimes"]) * len(grid["teachers"])
+    more = a["min_replicates"] - have
+    return (
+        f"**Exploratory:** {have} replicate(s) per teacher, and the rule needs "
+        f"{a['min_replicates']} (analysis.min_replicates). Each replicate adds one traces cell "
+        f"per (task, teacher) with `generate.seeds`, and one adapter and distilled eval per "
+        f"(task, student, regime, teacher): about {per} adapters here, {more * per} for the "
+        f"{more} missing. `cotgap plan` prices it and states what it would detect."
     )
 
 

@@ -264,6 +264,11 @@ def build(root: Path, data_dir: str | None = None) -> str:
         else:
             blocks[f"f-{stem}"] = _pack(base64.b64encode(png.read_bytes()).decode("ascii"))
         figures.append({"name": stem, "block": f"f-{stem}", "svg": svg.exists()})
+    answers = None
+    if (analysis / "answers.csv").exists():
+        with open(analysis / "answers.csv", newline="", encoding="utf-8") as f:
+            table = list(csv.reader(f))
+        answers = {"columns": table[0], "rows": [[_cell_value(v) for v in r] for r in table[1:]]}
     report = analysis / "report.md"
     if report.exists():
         blocks["report"] = _pack(report.read_text(encoding="utf-8"))
@@ -274,6 +279,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         "built": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "columns": columns,
         "rows": [[_cell_value(v) for v in r] for r in rows],
+        "answers": answers,
         "distilled": {str(k): v for k, v in distilled.items()},
         "figures": figures,
         "report": "report" if "report" in blocks else None,
@@ -348,6 +354,9 @@ pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;margin:2px 0 8px;max-hei
 </style></head><body>
 <h1>cotgap: __TITLE__</h1>
 <p class="note" id="meta"></p>
+<h2>Answers</h2>
+<div class="wrap"><table id="answers"><thead></thead><tbody></tbody></table></div>
+<p class="note">One row per (task, student, regime), from answers.csv: the teacher to distill from, none, or inconclusive, with the quoted teacher's gain and its interval over test items and replicates.</p>
 <h2>Leaderboard</h2>
 <div class="bar" id="filters"></div>
 <div class="wrap"><table id="board"><thead></thead><tbody></tbody></table></div>
@@ -497,7 +506,18 @@ async function figures() {
 document.getElementById("meta").textContent =
   `${IX.root} · built ${IX.built} · ${IX.rows.length} leaderboard rows` +
   (IX.notes.length ? " · " + IX.notes.join("; ") : "");
-filters(); board(); figures();
+function answers() {
+  const t = document.getElementById("answers"), A = IX.answers;
+  if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
+  const show = ["task","student","regime","answer","distill","teacher","gain","gain_low","gain_high","best_set","n_replicates"];
+  const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
+  t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, c))));
+  for (const r of A.rows)
+    t.tBodies[0].append(el("tr", {}, ...show.map(c => el("td", {},
+      ["gain","gain_low","gain_high"].includes(c) && typeof r[ix[c]] === "number"
+        ? (100 * r[ix[c]]).toFixed(1) : r[ix[c]]))));
+}
+answers(); filters(); board(); figures();
 if (typeof DecompressionStream === "undefined")
   document.getElementById("items").textContent = "This browser cannot decompress the embedded data (no DecompressionStream); open the file in a current Chrome, Firefox or Safari.";
 </script></body></html>
