@@ -1,33 +1,33 @@
-"""Capacity-gap analysis: leaderboard.csv and analysis.json, rebuilt from the cells every time.
+"""Capacity-gap analysis: leaderboard.csv, answers.csv and analysis.json, rebuilt from the cells.
 
     cotgap analyze configs/sandbox.yaml
 
-Reads only the complete cells of the grid (`grid.expand(exp)`); a cell not computed yet leaves NaN in its
-row and is counted, never fatal. Each distilled student is paired item by item (by id) with its
-own baseline (same student, task and eval config): gain with a paired bootstrap CI, exact McNemar
-p, Holm across every distilled row of the grid. Inside each (task, student, regime) group every
-teacher is compared with every other on the same items (`compare_teachers`: p_best, rank interval,
-Holm-adjusted sign tests) and the capacity gap is measured within groups (`within_group`).
-Writes `<results>/<experiment>/analysis/`
-(leaderboard.csv, analysis.json, report.md, plots) as one directory swapped in whole.
+Reads only the complete cells of the grid (`grid.expand(exp)`); a cell not computed yet leaves NaN
+in its row and is counted, never fatal. Each distilled student is paired item by item (by id) with
+its own baseline (same student, task and eval config). Inside each (task, student, regime) group
+the teachers, not single adapters, are compared: `inference.decide_group` pools each teacher's
+replicates (trace draws and training seeds) and states, once, every teacher against the baseline
+and against every other (better / worse / equivalent / inconclusive), the confidence set for the
+best teacher and the group's answer; the leaderboard, answers.csv, the report, the viewer and the
+plots all read that one decision. Writes `<results>/<experiment>/analysis/` (leaderboard.csv,
+answers.csv, analysis.json, report.md, plots) as one directory swapped in whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from harness import answers, models, regimes, scoring, screening, selection, stats
+from harness import answers, inference, models, regimes, scoring, screening, selection, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -42,16 +42,30 @@ COLUMNS: dict[str, str] = {
     "regime": "training-set regime: per_teacher | intersection | matched | mix, with @align when "
     "the budget is aligned (distilled rows)",
     "seed": "training seed (distilled rows)",
+    "trace_seed": "trace-sampling seed of the traces the row's training set was drawn from: one of "
+    "generate.seeds, else generate.seed (distilled rows)",
     "base_acc": "student's test accuracy without distillation, a fraction in [0, 1]",
     "post_acc": "distilled student's test accuracy, a fraction in [0, 1]",
     "gain": "post_acc - base_acc on the same test items, a fraction in [-1, 1]",
-    "gain_ci_low": "lower end of gain's paired bootstrap CI over test items (analysis.ci)",
-    "gain_ci_high": "upper end of gain's paired bootstrap CI over test items (analysis.ci)",
-    "mcnemar_p": "exact two-sided McNemar p-value, post vs base",
-    "p_holm": "mcnemar_p Holm-adjusted across all distilled rows of the grid",
-    "degraded": "gain < 0: distillation made the student worse",
+    "gain_ci_low": "lower end of this adapter's gain CI over test items alone (analysis.ci, "
+    "unadjusted): describes one trained adapter, never the teacher; see teacher_gain_low",
+    "gain_ci_high": "upper end of this adapter's gain CI over test items alone (see gain_ci_low)",
+    "mcnemar_p": "exact two-sided McNemar p-value of this adapter against the baseline, "
+    "unadjusted (one adapter; the teacher-level verdict is `verdict`)",
+    "degraded": "gain < 0: this adapter scored below the baseline (a point estimate)",
+    "teacher_gain": "the teacher's gain over the baseline: mean over its replicates (trace draws "
+    "and training seeds) of post_acc - base_acc, a fraction (harness/inference.py)",
+    "teacher_gain_low": "lower end of the teacher's gain interval over test items and replicates, "
+    "Bonferroni-adjusted over the group's teachers (the interval `verdict` reads)",
+    "teacher_gain_high": "upper end of the teacher's gain interval (see teacher_gain_low)",
+    "verdict": "the teacher against the student's baseline, one of better | worse | equivalent | "
+    "inconclusive (always inconclusive below analysis.min_replicates replicates: exploratory)",
+    "in_best_set": "the teacher is in the group's confidence set for the best teacher (no other "
+    "teacher is better)",
+    "n_replicates": "replicate units of this teacher in its group (trace draws, else training seeds)",
     "teacher_acc": "teacher's test accuracy under the same eval config, a fraction in [0, 1]",
-    "teacher_train_acc": "teacher's train-split yield: share of questions with a correct trace, in [0, 1]",
+    "teacher_train_acc": "teacher's train-split yield: share of questions with a correct trace, in "
+    "[0, 1]; a teacher row: the mean over its trace draws, a distilled row: its own draw's",
     "n_test": "test items scored (for distilled rows: items paired with the baseline)",
     "n_train_examples": "examples in the distilled row's training set",
     "train_tokens": "tokens in the distilled row's training set",
@@ -63,22 +77,22 @@ COLUMNS: dict[str, str] = {
     "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "eval_key": "eval cell the row scores",
     "adapter_key": "adapter cell of a distilled row",
-    "traces_key": "traces cell of the row's teacher on this task",
+    "traces_key": "traces cell of the row's teacher on this task: a distilled row's own trace draw, "
+    "a teacher row's first",
     "baseline_key": "baseline eval cell of the row's student on this task",
-    "p_best": "probability this teacher is the best for its (task, student, regime): share of joint "
-    "bootstrap resamples of test items (and training seeds) in which its mean post is highest",
-    "rank_ci": "interval of the teacher's rank by mean post in its group over the same resamples "
-    "(1 = best), e.g. 1-2",
-    "seed_sd": "SD of post_acc across training seeds of this (task, student, teacher, regime) "
-    "(empty with one seed): the seed-to-seed noise floor",
+    "seed_sd": "SD of post_acc across the replicates (trace draws x training seeds) of this "
+    "(task, student, teacher, regime) (empty with one): the replicate-to-replicate noise floor",
     "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
 _DTYPES = {
     "seed": "Int64",
+    "trace_seed": "Int64",
     "n_test": "Int64",
     "n_train_examples": "Int64",
     "train_tokens": "Int64",
     "degraded": "boolean",
+    "in_best_set": "boolean",
+    "n_replicates": "Int64",
 }
 NAN = math.nan
 
@@ -99,6 +113,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
         for d in selection.decide(exp, grids.expand(exp), store).values()
     ]  # fmt: skip
     result["eval_config"] = canonical(exp.evaluate)
+    answers_df = answers_table(exp, result["groups"])
     out = store.root / "analysis"
     # what a killed analysis left (the results-directory lock says no other one is running)
     for stale in [*out.parent.glob(".analysis.tmp-*"), *out.parent.glob(".analysis.old-*")]:
@@ -107,6 +122,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     tmp.mkdir(parents=True)
     try:
         atomic_write_text(tmp / "leaderboard.csv", board.to_csv(index=False))
+        atomic_write_text(tmp / "answers.csv", answers_df.to_csv(index=False))
         result["screening"] = screening.write(tmp, exp, store, board)
         atomic_write_json(tmp / "analysis.json", jsonable(result))
         report.write(tmp, exp, board, result)
@@ -267,125 +283,173 @@ def leaderboard(
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     teachers = {}
     for (task, teacher), ev in grid.teachers.items():
-        teachers[task, teacher] = _teacher_row(reader, ev, grid.traces[task, teacher])
+        draws = [c for (t, name, _), c in grid.traces.items() if (t, name) == (task, teacher)]
+        teachers[task, teacher] = _teacher_row(reader, ev, draws)
     for task in (t.name for t in exp.tasks):
         rows.extend(row for (t, _), row in teachers.items() if t == task)
         for (t, student), base in grid.baselines.items():
             if t != task:
                 continue
             rows.append(_baseline_row(reader, base))
-            for (t, s, teacher, _, _), d in grid.distilled.items():
+            for (t, s, teacher, *_), d in grid.distilled.items():
                 if (t, s) == (task, student):
                     row = _distilled_row(exp.analysis, reader, d)
                     # a mix row has no teacher row of its own (regimes.MIX_TEACHER)
                     of = teachers.get((task, teacher), {"task": task, "teacher": teacher})
-                    rows.append({**_teacher_columns(of), **row})
+                    rows.append({**_teacher_columns(of), **_draw_columns(reader, d), **row})
     board = pd.DataFrame(rows)
     board["screened_out"] = board["adapter_key"].map(screening.screened_out(grid, store))
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
-    dist = board["row_type"] == "distilled"
-    board.loc[dist, "p_holm"] = stats.holm(board.loc[dist, "mcnemar_p"].to_numpy(dtype=float))
     decisions = {
-        key: compare_teachers(exp.analysis, *arms) for key, arms in _group_arms(reader, board)
+        key: compare_teachers(exp.analysis, base, draws)
+        for key, (base, draws) in _group_arms(reader, board)
     }
     _decision_columns(board, decisions)
     rescored = Counter(kind for kind, _ in reader.rescored)
     return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored), decisions
 
 
+class Replicate(NamedTuple):
+    """One distilled student of a teacher: its trace draw, training seed and 0/1 test vector."""
+
+    trace_seed: int | None
+    train_seed: int | None
+    correct: np.ndarray
+
+
 def _group_arms(
     reader: _Reader, board: pd.DataFrame
-) -> Iterator[tuple[tuple, tuple[np.ndarray, dict[str, np.ndarray]]]]:
+) -> Iterator[tuple[tuple, tuple[np.ndarray, dict[str, list[Replicate]]]]]:
     """Per (task, student, regime) group with a scored baseline: its 0/1 vector and, per teacher,
-    a (seeds, items) array of its distilled students' vectors over the same items."""
+    its scored replicates (one per trace draw and training seed), in leaderboard order."""
     dist = board[board["row_type"] == "distilled"]
     for key, rows in dist.groupby(_GROUP, sort=False):
         base = reader.eval(rows["baseline_key"].iloc[0])
         if base is None:
             continue
-        teachers: dict[str, np.ndarray] = {}
+        teachers: dict[str, list[Replicate]] = {}
         for teacher, mine in rows.groupby("teacher", sort=False):
-            posts = [reader.eval(k) for k in mine["eval_key"]]
-            vectors = [paired(base, post)[1] for post in posts if post is not None]
-            if vectors:
-                teachers[teacher] = np.stack(vectors)
+            reps = []
+            trace_seeds = mine["trace_seed"] if "trace_seed" in mine else [None] * len(mine)
+            for k, trace_seed, seed in zip(
+                mine["eval_key"], trace_seeds, mine["seed"], strict=True
+            ):
+                post = reader.eval(k)
+                if post is not None:
+                    reps.append(Replicate(_int(trace_seed), _int(seed), paired(base, post)[1]))
+            if reps:
+                teachers[teacher] = reps
         if teachers:  # the baseline's vector in the item order `paired` gives every post
             yield key, (paired(base, base)[0], teachers)
 
 
-def compare_teachers(a: AnalysisConfig, base: np.ndarray, teachers: dict[str, np.ndarray]) -> dict:
-    """Every teacher against the baseline and against every other teacher on the same items.
+def _int(x: Any) -> int | None:
+    return None if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)) else int(x)
 
-    Accuracies are means over seeds; intervals come from one joint bootstrap of items (and seeds),
-    p-values from the exact sign test (McNemar with one seed), Holm-adjusted within the group:
-    once over the teacher-vs-baseline tests, once over the teacher pairs.
-    """
-    names, arms = list(teachers), list(teachers.values())
-    est, boot = stats.bootstrap_accuracies([base, *arms], a.bootstrap_samples, a.seed)
-    best, ranks = stats.p_best(boot[:, 1:]), stats.rank_interval(boot[:, 1:], a.ci)
-    rows = []
-    tail = (1 - a.ci) / 2
-    post_low, post_high = np.quantile(boot, [tail, 1 - tail], axis=0)
-    for k, name in enumerate(names, 1):
-        low, high = stats.difference_ci(boot, 0, k, a.ci)
-        rows.append(
-            {"teacher": name, "post_acc": est[k], "post_low": post_low[k],
-             "post_high": post_high[k], "gain": est[k] - est[0], "gain_low": low,
-             "gain_high": high, "p": stats.sign_test(base, arms[k - 1]), "p_best": best[k - 1],
-             "rank_low": ranks[k - 1][0], "rank_high": ranks[k - 1][1],
-             "n_seeds": len(arms[k - 1])}
-        )  # fmt: skip
-    for row, adj in zip(rows, stats.holm([r["p"] for r in rows]), strict=True):
-        row["p_holm"] = adj
-    pairs = []
-    for i, j in itertools.combinations(range(len(names)), 2):
-        low, high = stats.difference_ci(boot, i + 1, j + 1, a.ci)
-        pairs.append(
-            {"a": names[i], "b": names[j], "diff": est[j + 1] - est[i + 1], "low": low,
-             "high": high, "p": stats.sign_test(arms[i], arms[j])}
-        )  # fmt: skip
-    for pair, adj in zip(pairs, stats.holm([q["p"] for q in pairs]), strict=True):
-        pair["p_holm"] = adj
-    mde = stats.minimum_detectable_gain(len(base), float(est[0]), 1 - a.ci)
-    return {"n_items": len(base), "base_acc": est[0], "mde": mde, "teachers": rows, "pairs": pairs}
+
+def draws_of(reps: list[Replicate]) -> list[np.ndarray]:
+    """A teacher's replicates as one (training seeds, items) array per trace draw, in draw order
+    (the layout `inference.replicate_units` takes)."""
+    by_draw: dict[Any, list[np.ndarray]] = {}
+    for r in reps:
+        by_draw.setdefault(r.trace_seed, []).append(r.correct)
+    return [np.stack(v) for v in by_draw.values()]
+
+
+def compare_teachers(
+    a: AnalysisConfig, base: np.ndarray, teachers: dict[str, list[Replicate]]
+) -> dict[str, Any]:
+    """The group's decision (`inference.decide_group`): every teacher against the baseline and
+    every other teacher, with intervals over test items and replicates, the best-teacher
+    confidence set, and the answer. A teacher with fewer than analysis.min_replicates
+    replicate units is exploratory: its comparisons stay inconclusive."""
+    draws = {t: draws_of(reps) for t, reps in teachers.items()}
+    d = inference.decide_group(
+        base, draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
+    ).as_dict()
+    d["mde"] = _group_mde(a, d, draws)
+    return d
+
+
+def _group_mde(a: AnalysisConfig, d: dict[str, Any], draws: dict[str, list]) -> dict[str, Any]:
+    """What this group's design can detect under the rule: the smallest gain over the baseline
+    and the smallest teacher-vs-teacher difference, at its items and replicates, with the
+    replicate SD measured here (the largest of its teachers') or analysis.replicate_sd."""
+    reps = min(t["n_replicates"] for t in d["teachers"])
+    measured = [t["rep_sd"] for t in d["teachers"] if t["n_replicates"] >= 2]
+    sd = max(measured) if measured else a.replicate_sd / 100
+    planned = max(reps, a.min_replicates)
+    m = len(d["teachers"])
+    return {
+        "replicates": planned,
+        "rep_sd": sd,
+        "rep_sd_source": "measured" if measured else "analysis.replicate_sd",
+        "gain": inference.minimum_detectable_gain(
+            d["n_items"], d["base_acc"], planned, sd, m, 1 - a.ci, sims=1000
+        ),
+        "difference": inference.minimum_detectable_difference(
+            d["n_items"],
+            max(t["post_acc"] for t in d["teachers"]),
+            planned,
+            sd,
+            m,
+            1 - a.ci,
+            sims=1000,
+        ),
+    }
 
 
 def _decision_columns(board: pd.DataFrame, decisions: dict[tuple, dict]) -> None:
-    """p_best, rank_ci and seed_sd on the distilled rows, in place."""
+    """The teacher-level columns of the distilled rows, from the group decisions, in place."""
     dist = board["row_type"] == "distilled"
     keys = [*_GROUP, "teacher"]
-    by_teacher = {(*key, t["teacher"]): t for key, d in decisions.items() for t in d["teachers"]}
+    by_teacher = {
+        (*key, t["teacher"]): (t, d) for key, d in decisions.items() for t in d["teachers"]
+    }
     mine = [by_teacher.get(k) for k in board.loc[dist, keys].itertuples(index=False, name=None)]
-    board.loc[dist, "p_best"] = [NAN if t is None else t["p_best"] for t in mine]
-    board["rank_ci"] = board["rank_ci"].astype(object)
-    board.loc[dist, "rank_ci"] = [
-        None if t is None else f"{t['rank_low']}-{t['rank_high']}" for t in mine
+    for column, field in (("teacher_gain", "gain"), ("teacher_gain_low", "gain_low"),
+                          ("teacher_gain_high", "gain_high")):  # fmt: skip
+        board.loc[dist, column] = [NAN if x is None else x[0][field] for x in mine]
+    board["verdict"] = board["verdict"].astype(object)
+    board.loc[dist, "verdict"] = [None if x is None else x[0]["verdict"] for x in mine]
+    board.loc[dist, "in_best_set"] = [
+        pd.NA if x is None else x[0]["teacher"] in x[1]["best_set"] for x in mine
     ]
+    board.loc[dist, "n_replicates"] = [pd.NA if x is None else x[0]["n_replicates"] for x in mine]
     sd = board[dist].groupby(keys, sort=False)["post_acc"].transform("std")
     board.loc[dist, "seed_sd"] = sd
 
 
-def _teacher_row(reader: _Reader, ev_cell: Eval, traces: Traces) -> dict:
+def _teacher_row(reader: _Reader, ev_cell: Eval, draws: list[Traces]) -> dict:
+    """A teacher's row: its test accuracy, and its yield averaged over its trace draws."""
     ev = reader.eval(ev_cell.key)
+    yields = [reader.traces_yield(c.key) for c in draws]
     return {
         "row_type": "teacher",
         "task": ev_cell.task,
         "teacher": ev_cell.model,
         "teacher_acc": ev.accuracy if ev else NAN,
-        "teacher_train_acc": reader.traces_yield(traces.key),
+        "teacher_train_acc": float(np.mean(yields)) if yields else NAN,
         "n_test": len(ev.correct) if ev else None,
         **_rates(ev),
         "eval_key": ev_cell.key,
-        "traces_key": traces.key,
+        "traces_key": draws[0].key,
     }
 
 
 def _teacher_columns(teacher_row: dict) -> dict:
     keys = ("task", "teacher", "teacher_acc", "teacher_train_acc", "traces_key")
     return {k: teacher_row.get(k) for k in keys}
+
+
+def _draw_columns(reader: _Reader, d: grids.Distilled) -> dict:
+    """A distilled row's own trace draw: its traces cell and that draw's yield (none for mix)."""
+    if d.traces is None:
+        return {"traces_key": None, "teacher_train_acc": NAN}
+    return {"traces_key": d.traces.key, "teacher_train_acc": reader.traces_yield(d.traces.key)}
 
 
 def _baseline_row(reader: _Reader, cell: Eval) -> dict:
@@ -420,7 +484,8 @@ def _distilled_row(a: AnalysisConfig, reader: _Reader, d: grids.Distilled) -> di
         "row_type": "distilled",
         "student": cell.model,
         "regime": cell.regime,
-        "seed": cell.seed,
+        "seed": d.train_seed,
+        "trace_seed": d.trace_seed,
         "base_acc": base.accuracy if base else NAN,
         "post_acc": post.accuracy if post else NAN,
         "n_test": None,
@@ -477,6 +542,8 @@ def analyse(
             "tasks": [t.name for t in exp.tasks],
             "regimes": regimes.row_regimes(exp.train),
             "seeds": list(exp.train.seeds),
+            "trace_seeds": list(exp.generate.trace_seeds),
+            "replicates": exp.train.replicates,
         },
         "analysis_config": canonical(a),
         "groups": groups,
@@ -484,7 +551,7 @@ def analyse(
             r: _overall(a, means[means["regime"] == r], dist[dist["regime"] == r], groups, r)
             for r in regimes.row_regimes(exp.train)
         },
-        "degraded": _degraded(dist),
+        "degraded": _merge_degraded([g["degraded"] for g in groups]),
         # per-teacher regimes pair by teacher; a mix row (no teacher of its own) is compared in
         # the budget table instead
         "regimes": regime_comparison(
@@ -517,108 +584,55 @@ def teacher_means(dist: pd.DataFrame) -> pd.DataFrame:
 
 
 def _group(
-    a: AnalysisConfig, g: pd.DataFrame, rows: pd.DataFrame, key: dict, comparison: dict | None
+    a: AnalysisConfig, g: pd.DataFrame, rows: pd.DataFrame, key: dict, decision: dict | None
 ) -> dict[str, Any]:
+    """One (task, student, regime) group: its teachers ranked by mean post (a description), the
+    decision that states what the data support, and the within-group relations."""
     ranked = g.sort_values("post_acc", ascending=False, na_position="last", kind="stable")
-    have = g.dropna(subset=["post_acc"])
-    best = have.loc[have["post_acc"] == have["post_acc"].max(), "teacher"].tolist()
     strongest = g.loc[g["teacher_acc"] == g["teacher_acc"].max(), "teacher"].tolist()
     columns = ["teacher", "post_acc", "gain", "teacher_acc", "teacher_size", "seed_sd"]
+    ranking = ranked[columns].to_dict("records")
+    verdicts = {t["teacher"]: t for t in (decision or {}).get("teachers", [])}
+    for r in ranking:
+        t = verdicts.get(r["teacher"], {})
+        r["verdict"] = t.get("verdict")
+        r["in_best_set"] = r["teacher"] in (decision or {}).get("best_set", [])
     return {
         **key,
         "base_acc": float(g["base_acc"].max()) if g["base_acc"].notna().any() else NAN,
-        "ranking": _within_noise(ranked[columns].to_dict("records")),
-        "best_teachers": best,
+        "ranking": ranking,
         "strongest_teachers": strongest,
-        "best_is_strongest": bool(set(best) & set(strongest)) if best and strongest else None,
-        "verdict": _verdict(rows, best),
-        "comparison": comparison,
-        "decision": decide(a, comparison) if comparison else None,
+        "strongest_in_best_set": (
+            bool(set(strongest) & set(decision["best_set"])) if decision and strongest else None
+        ),
+        "decision": decision,
+        "answer": decision["answer"] if decision else None,
         "correlations": exact_correlations(g),
-        "degraded": _degraded(rows),
-        "delta_large": delta_large(g),
-    }
-
-
-def _within_noise(ranking: list[dict]) -> list[dict]:
-    """Mark each ranked teacher whose post is within the seed-to-seed SD of the next one's
-    (`within_seed_noise_of_next`; None with one seed): that step of the ranking is noise."""
-    for this, nxt in itertools.pairwise(ranking):
-        sds = [x for x in (this["seed_sd"], nxt["seed_sd"]) if not math.isnan(x)]
-        step = abs(this["post_acc"] - nxt["post_acc"])
-        this["within_seed_noise_of_next"] = bool(step < max(sds)) if sds else None
-    if ranking:
-        ranking[-1]["within_seed_noise_of_next"] = None
-    return ranking
-
-
-def decide(a: AnalysisConfig, comparison: dict) -> dict[str, Any]:
-    """Which teacher, how sure, and could the data tell: the teacher most often best in the
-    bootstrap, every other teacher against it, and the teachers that beat (or lose to) the
-    baseline. A difference counts when its Holm p is at most 1 - ci and its CI excludes 0."""
-    alpha = 1 - a.ci
-    ts = comparison["teachers"]
-    best = max(ts, key=lambda t: (t["p_best"], t["post_acc"]))
-    name = best["teacher"]
-    versus = []
-    for q in comparison["pairs"]:
-        if name not in (q["a"], q["b"]):
-            continue
-        sign = 1 if q["b"] == name else -1  # orient as best minus other
-        low, high = sorted((sign * q["low"], sign * q["high"]))
-        other = q["a"] if sign == 1 else q["b"]
-        diff = sign * q["diff"]
-        versus.append(
-            {"teacher": other, "diff": diff, "low": low, "high": high, "p_holm": q["p_holm"],
-             "separated": bool(q["p_holm"] <= alpha and low > 0)}
-        )  # fmt: skip
-
-    def significant(t: dict, sign: int) -> bool:
-        return t["p_holm"] <= alpha and (t["gain_low"] > 0 if sign > 0 else t["gain_high"] < 0)
-
-    return {
-        "best": name,
-        "p_best": best["p_best"],
-        "versus": versus,
-        "separable": bool(versus) and all(v["separated"] for v in versus),
-        "beats_baseline": [t["teacher"] for t in ts if significant(t, 1)],
-        "worse_than_baseline": [t["teacher"] for t in ts if significant(t, -1)],
-        "alpha": alpha,
+        "degraded": _degraded(rows, decision),
+        "delta_large": delta_large(g, decision),
     }
 
 
 def exact_correlations(means: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Spearman of post and gain against each teacher property inside one group, with an exact
+    """Spearman of gain against each teacher property inside one group, with an exact
     permutation p-value; `too_few` below the fewest teachers a two-sided test needs to reach
     alpha 0.05 (stats.min_points: 5), where no test on this many points can say anything."""
     out = {}
-    for y in ("post_acc", "gain"):
-        for x in _PROPERTIES:
-            c = stats.spearman_exact(means[x], means[y])
-            n = int((means[x].notna() & means[y].notna()).sum())
-            out[f"{y}~{x}"] = {
-                **c._asdict(),
-                "n": n,
-                "smallest_p": stats.smallest_exact_p(n),
-                "too_few": n < stats.min_points(0.05),
-            }
+    for x in _PROPERTIES:
+        c = stats.spearman_exact(means[x], means["gain"])
+        n = int((means[x].notna() & means["gain"].notna()).sum())
+        out[f"gain~{x}"] = {
+            **c._asdict(),
+            "n": n,
+            "smallest_p": stats.smallest_exact_p(n),
+            "too_few": n < stats.min_points(0.05),
+        }
     return out
 
 
-def _verdict(rows: pd.DataFrame, best: list[str]) -> str | None:
-    """significant_gain | gain_not_significant | no_gain: does the best teacher beat the baseline?"""
-    if not best:
-        return None
-    mine = rows[rows["teacher"] == best[0]].dropna(subset=["gain"])
-    if mine.empty:
-        return None
-    if mine["gain"].mean() <= 0:
-        return "no_gain"
-    return "significant_gain" if (mine["gain_ci_low"] > 0).all() else "gain_not_significant"
-
-
 def correlations(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Spearman of post and of gain against each teacher property, with bootstrap CIs."""
+    """Spearman of post and of gain against each teacher property over every point pooled, with
+    bootstrap CIs: descriptive only (groups' baselines drive it; analysis.json keeps it)."""
     out = {}
     for y in ("post_acc", "gain"):
         for x in _PROPERTIES:
@@ -628,101 +642,181 @@ def correlations(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, dict[str, 
     return out
 
 
-def within_group(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
-    """Capacity-gap statistics that differences between groups cannot drive.
+def capacity_gap(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
+    """Is the teachers' gain related to their accuracy, or to their size, at the teacher level?
 
-    Inside a group the baseline is one number, so post and gain rank alike and so do teacher
-    accuracy and the gap: two relations are left, gain against teacher accuracy and against
-    teacher size. For each: the mean of the within-group Spearman rhos (bootstrap over groups,
-    sign-flip p) and the OLS slope with one intercept per group (size as log10 parameters).
-    """
-    keyed = means.assign(
-        group=means[_GROUP].astype(str).agg("/".join, axis=1),
-        log10_size=np.log10(means["teacher_size"].astype(float)),
-    )
-    parts = [g for _, g in keyed.groupby("group", sort=False)]
-    out = {}
-    for x, fe_x in (("teacher_acc", "teacher_acc"), ("teacher_size", "log10_size")):
-        rhos = stats.mean_within_spearman(
-            [(g[x], g["gain"]) for g in parts], a.ci, a.bootstrap_samples, a.seed
+    Students of a task share its teachers' traces, so a teacher's effect is shared by every group
+    of the task: `inference.teacher_permutation_test` permutes the property among the task's
+    teachers, once for all its groups. When accuracy and size order every task's teachers the
+    same way the two are one relation (`collinear`), reported once."""
+    have = means.dropna(subset=["gain"])
+    group = have[_GROUP].astype(str).agg("/".join, axis=1)
+    values = {(g, t): v for g, t, v in zip(group, have["teacher"], have["gain"], strict=True)}
+    clusters = dict(zip(group, have["task"], strict=True))
+    out: dict[str, Any] = {}
+    for x in ("teacher_acc", "teacher_size"):
+        col = np.log10(have[x].astype(float)) if x == "teacher_size" else have[x].astype(float)
+        prop = {(c, t): v for c, t, v in zip(have["task"], have["teacher"], col, strict=True)}
+        out[f"gain~{x}"] = inference.teacher_permutation_test(
+            values, prop, clusters, 1 - a.ci, seed=a.seed
         )
-        slope = stats.fixed_effects_slope(keyed["gain"], keyed[fe_x], keyed["group"], a.ci)
-        out[f"gain~{x}"] = {"spearman": rhos, "fixed_effects": {**slope, "x": fe_x}}
+    per_task = have.drop_duplicates(["task", "teacher"])
+    rhos = [
+        stats.spearman_exact(t["teacher_acc"], t["teacher_size"]).rho
+        for _, t in per_task.groupby("task", sort=False)
+    ]
+    out["collinear"] = (
+        bool(rhos)
+        and all(abs(r) > 0.999 for r in rhos if not math.isnan(r))
+        and (not any(math.isnan(r) for r in rhos))
+    )
     return out
 
 
-def _degraded(rows: pd.DataFrame) -> dict[str, Any]:
-    """Degraded (gain < 0) and significantly degraded (whole CI below 0) distilled cells."""
+def _degraded(rows: pd.DataFrame, decision: dict | None = None) -> dict[str, Any]:
+    """Adapters below the baseline (point estimates, descriptive), and teachers the rule finds
+    worse than the baseline (the teacher-level verdict)."""
     scored = rows.dropna(subset=["gain"])
     n = len(scored)
     n_deg = int((scored["gain"] < 0).sum())
-    n_sig = int((scored["gain_ci_high"] < 0).sum())
+    teachers = (decision or {}).get("teachers", [])
+    worse = [t["teacher"] for t in teachers if t["verdict"] == "worse"]
     return {
         "n_cells": n,
         "n_degraded": n_deg,
         "share_degraded": n_deg / n if n else NAN,
-        "n_significant": n_sig,
-        "share_significant": n_sig / n if n else NAN,
+        "n_teachers": len(teachers),
+        "n_worse": len(worse),
+        "worse": worse,
     }
 
 
-def delta_large(means: pd.DataFrame) -> dict[str, Any]:
-    """Li et al.'s ΔLarge = post(largest teacher) - post(smallest), next to both gains.
+def _merge_degraded(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    n = sum(p["n_cells"] for p in parts)
+    deg = sum(p["n_degraded"] for p in parts)
+    return {
+        "n_cells": n,
+        "n_degraded": deg,
+        "share_degraded": deg / n if n else NAN,
+        "n_teachers": sum(p["n_teachers"] for p in parts),
+        "n_worse": sum(p["n_worse"] for p in parts),
+    }
 
-    Largest by size; by teacher accuracy when a size is missing or all sizes are equal. The two
-    stories agree when the teacher ΔLarge prefers also beats the student's own baseline.
-    """
+
+def delta_large(means: pd.DataFrame, decision: dict | None = None) -> dict[str, Any]:
+    """Li et al.'s ΔLarge = post(largest teacher) - post(smallest), with the rule's verdict on it.
+
+    Largest by size; by teacher accuracy when a size is missing or all sizes are equal. The
+    verdict is the group's pairwise one (large against small: better, worse, equivalent or
+    inconclusive), never the sign of the point estimate."""
     have = means.dropna(subset=["post_acc"])
     sizes = have["teacher_size"]
     by = "teacher_size" if sizes.notna().all() and sizes.nunique() > 1 else "teacher_acc"
     have = have.dropna(subset=[by])
     if len(have) < 2 or have[by].nunique() < 2:
-        return {"by": by, "delta": NAN, "agree": None}
+        return {"by": by, "delta": NAN, "verdict": None}
     large, small = have.loc[have[by].idxmax()], have.loc[have[by].idxmin()]
-    delta = float(large["post_acc"] - small["post_acc"])
-    preferred = "large" if delta > 0 else "small" if delta < 0 else None
-    pref_gain = float({"large": large["gain"], "small": small["gain"]}.get(preferred, NAN))
-    return {
+    out = {
         "by": by,
         "large": large["teacher"],
         "small": small["teacher"],
-        "delta": delta,
+        "delta": float(large["post_acc"] - small["post_acc"]),
         "post_large": float(large["post_acc"]),
         "post_small": float(small["post_acc"]),
         "base_acc": float(large["base_acc"]),
         "gain_large": float(large["gain"]),
         "gain_small": float(small["gain"]),
-        "preferred": preferred,
-        "agree": None if preferred is None or math.isnan(pref_gain) else bool(pref_gain > 0),
+        "verdict": None,
+        "low": NAN,
+        "high": NAN,
     }
+    for q in (decision or {}).get("pairs", []):
+        if {q["a"], q["b"]} == {out["large"], out["small"]}:
+            sign = 1 if q["b"] == out["large"] else -1  # pairs hold b - a
+            low, high = sorted((sign * q["low"], sign * q["high"]))
+            flip = {"better": "worse", "worse": "better"}
+            v = q["verdict"] if sign == 1 else flip.get(q["verdict"], q["verdict"])
+            out.update(verdict=v, low=low, high=high)
+    gains = {t["teacher"]: t["verdict"] for t in (decision or {}).get("teachers", [])}
+    out["large_vs_base"], out["small_vs_base"] = gains.get(out["large"]), gains.get(out["small"])
+    return out
 
 
 def _overall(
     a: AnalysisConfig, means: pd.DataFrame, rows: pd.DataFrame, groups: list[dict], regime: str
 ) -> dict[str, Any]:
     mine = [g for g in groups if g["regime"] == regime]
-    judged = [g for g in mine if g["best_is_strongest"] is not None]
-    verdicts = [g["delta_large"]["agree"] for g in mine if g["delta_large"]["agree"] is not None]
+    decided = [g for g in mine if g["decision"]]
     return {
         "n_groups": len(mine),
-        "n_best_judged": len(judged),
-        "n_best_is_strongest": sum(g["best_is_strongest"] for g in judged),
+        "n_decided": len(decided),
+        "answers": dict(Counter(_answer_kind(g["answer"]) for g in decided)),
+        "distill": dict(Counter(g["decision"]["distill"] for g in decided)),
+        "n_strongest_in_best_set": sum(bool(g["strongest_in_best_set"]) for g in decided),
+        "n_exploratory": sum(g["decision"]["exploratory"] for g in decided),
         "mean_post": float(means["post_acc"].mean()) if len(means) else NAN,
         "mean_gain": float(means["gain"].mean()) if len(means) else NAN,
-        "n_separable": sum(bool(g["decision"] and g["decision"]["separable"]) for g in mine),
-        "n_decided": sum(g["decision"] is not None for g in mine),
         "pooled_correlations": correlations(a, means),
-        "within_group": within_group(a, means),
-        "degraded": _degraded(rows),
-        "n_delta_large": len(verdicts),
-        "n_agree": sum(verdicts),
-        "verdicts": dict(Counter(g["verdict"] for g in mine if g["verdict"])),
+        "capacity_gap": capacity_gap(a, means),
+        "degraded": _merge_degraded([g["degraded"] for g in mine]),
     }
 
 
+def _answer_kind(answer: str) -> str:
+    return answer if answer in (inference.ANSWERS_NONE, inference.INCONCLUSIVE) else "teacher"
+
+
+def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame:
+    """analysis/answers.csv: one row per decision group, the report's first table."""
+    rows = []
+    for g in groups:
+        d = g["decision"]
+        if not d:
+            continue
+        h = d["headline"]
+        rows.append(
+            {"task": g["task"], "student": g["student"], "regime": g["regime"],
+             "answer": d["answer"], "distill": d["distill"], "teacher": h["teacher"],
+             "gain": h["gain"], "gain_low": h["gain_low"], "gain_high": h["gain_high"],
+             "verdict": h["verdict"], "base_acc": d["base_acc"],
+             "best_set": ";".join(d["best_set"]),
+             "n_replicates": min(t["n_replicates"] for t in d["teachers"]),
+             "exploratory": d["exploratory"], "n_items": d["n_items"],
+             "level": h["level"], "effect_of_interest": d["effect"]}
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS))
+
+
+ANSWER_COLUMNS: dict[str, str] = {
+    "task": "task name",
+    "student": "student model",
+    "regime": "training-set regime (with @align when budgets are aligned)",
+    "answer": "the teacher to distill from | none (no teacher can beat the baseline by the effect "
+    "of interest) | inconclusive",
+    "distill": "does distilling beat not distilling: yes | no | inconclusive",
+    "teacher": "the teacher whose gain the row quotes: the answer, else the teacher with the "
+    "largest gain that beats the baseline, else the largest point estimate",
+    "gain": "that teacher's gain over the baseline, mean over replicates, a fraction",
+    "gain_low": "lower end of its interval over test items and replicates (Bonferroni-adjusted "
+    "over the group's teachers, at `level`)",
+    "gain_high": "upper end of that interval",
+    "verdict": "that teacher against the baseline: better | worse | equivalent | inconclusive",
+    "base_acc": "the student's own baseline accuracy",
+    "best_set": "confidence set for the best teacher: every teacher no other is better than",
+    "n_replicates": "fewest replicate units of any teacher in the group",
+    "exploratory": "true when a teacher has fewer than analysis.min_replicates replicates: "
+    "nothing is claimed",
+    "n_items": "test items",
+    "level": "confidence level of the quoted interval",
+    "effect_of_interest": "the effect of interest, a fraction: equivalence margin and `none` bar",
+}
+
+
 def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
-    """Mean post and gain per regime over the (task, student, teacher, seed) cells complete in all."""
-    keys = ["task", "student", "teacher", "seed"]
+    """Mean post and gain per regime over the (task, student, teacher, trace_seed, seed) cells
+    complete in all: a description (wins, ties, losses against the reference regime), never a
+    "best" regime."""
+    keys = ["task", "student", "teacher", "trace_seed", "seed"]
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
@@ -741,10 +835,6 @@ def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
             "ties": int((diff == 0).sum()),
             "losses": int((diff < 0).sum()),
         }
-    means = {
-        r: v["mean_post"] for r, v in out["per_regime"].items() if not math.isnan(v["mean_post"])
-    }
-    out["best"] = max(means, key=means.get) if means else None
     return out
 
 
@@ -808,7 +898,8 @@ def training_budget(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[
 
 
 def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per complete adapter: its regime (with the budget alignment), teacher (or mix), seed, the
+    """Per complete adapter: its regime (with the budget alignment), teacher (or mix), trace draw
+    and training seed, the
     optimizer updates, effective batch, examples and tokens it trained on, the realised mix of a
     mix set, and its post accuracy and gain; one row per adapter, in leaderboard order."""
     out, seen = [], set()
@@ -828,6 +919,7 @@ def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
                 "student": r.student,
                 "regime": r.regime,
                 "teacher": r.teacher,
+                "trace_seed": r.trace_seed,
                 "seed": r.seed,
                 "align": b.get("align", "none"),
                 "updates": s.get("steps"),

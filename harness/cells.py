@@ -13,7 +13,13 @@ A kind names an artefact, a stage the verb that computes it, a phase its positio
 
 A spec carries its identity (`config`, what its key hashes, with the engine or package versions),
 its inputs (`upstream` keys), and the typed names a reader needs (model, task, role, teacher,
-regime, seed). Building a spec computes its key and nothing else: no store, no stage, no engine.
+regime, trace_seed, seed). Building a spec computes its key and nothing else: no store, no stage,
+no engine.
+Trace draws (`generate.seeds`): a traces cell's identity holds the generate config with `seed` set
+to its draw's seed and without `seeds`, so a draw at seed s has the key of a grid with
+`generate.seed: s`; the cells downstream of a draw differ only through their upstream keys.
+`trace_seed` names the draw of a cell (None where the experiment has no `generate.seeds`: its one
+draw at `generate.seed`).
 Identity rule: a field added to an identity after keys were published is left out at its old
 value, so a cell computed before the addition keeps its key (train.merge, the sandbox generator
 version).
@@ -93,8 +99,11 @@ class Cell:
 
     @property
     def label(self) -> str:
-        names = ("role", "model", "teacher", "task", "regime", "seed")
-        parts = [getattr(self, k, None) for k in names]
+        """`eval:distilled/stu/t-large/coin_flip/matched/trace1/0`: the names that are set, the
+        trace draw as trace<seed>, the training seed last."""
+        parts = [getattr(self, k, None) for k in ("role", "model", "teacher", "task", "regime")]
+        trace = getattr(self, "trace_seed", None)
+        parts += [None if trace is None else f"trace{trace}", getattr(self, "seed", None)]
         return f"{self.kind}:" + "/".join(str(p) for p in parts if p is not None)
 
     def resources(self, exp: Experiment, gpus_available: bool = True) -> dict[str, float]:
@@ -117,13 +126,25 @@ class Traces(Cell):
     kind: ClassVar[str] = "traces"
     phase: ClassVar[int] = 1
     role: Role = "teacher"
+    trace_seed: int | None = None
 
     @classmethod
-    def of(cls, exp: Experiment, ident: dict, teacher: str, task: str) -> Traces:
+    def of(
+        cls, exp: Experiment, ident: dict, teacher: str, task: str, trace_seed: int | None = None
+    ) -> Traces:
+        """`trace_seed`: the draw (one of generate.seeds); None: the one draw at generate.seed."""
+        seed = exp.generate.seed if trace_seed is None else trace_seed
         config = {"model": ident, "task": _task(exp, task, "train")}
-        config["generate"] = _shared(exp, ("generate",), lambda: canonical(exp.generate))
+        config["generate"] = _shared(exp, ("generate", seed), lambda: _generate_identity(exp, seed))
         key = cell_key("traces", config, (), engine_versions(exp.generate.engine))
-        return cls(key, config, (), teacher, task)
+        return cls(key, config, (), teacher, task, trace_seed=trace_seed)
+
+
+def _generate_identity(exp: Experiment, seed: int) -> dict[str, Any]:
+    """One draw's generate settings: `seed` that draw's, `seeds` (the grid's choice) left out."""
+    settings = canonical(exp.generate)
+    settings.pop("seeds")  # added after keys were published: never in a traces key
+    return {**settings, "seed": seed}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -137,6 +158,7 @@ class Eval(Cell):
     regime: str | None = None
     seed: int | None = None
     adapter_dir: str | None = None
+    trace_seed: int | None = None  # a distilled eval: its adapter's trace draw
 
     @property
     def phase(self) -> int:  # type: ignore[override]
@@ -194,10 +216,12 @@ class Eval(Cell):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Distilling(Cell):
-    """A cell of a student's distillation from one teacher's traces; `model` is the student."""
+    """A cell of a student's distillation from one teacher's traces (of the trace draw
+    `trace_seed`); `model` is the student."""
 
     teacher: str = ""
     regime: str = "per_teacher"
+    trace_seed: int | None = None
 
     @property
     def student(self) -> str:
@@ -206,7 +230,7 @@ class _Distilling(Cell):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Dataset(_Distilling):
-    """The training examples of one (student, teacher, task, regime)."""
+    """The training examples of one (student, teacher, task, regime, trace draw)."""
 
     kind: ClassVar[str] = "dataset"
     phase: ClassVar[int] = 3
@@ -228,7 +252,8 @@ class Dataset(_Distilling):
         regime: str,
         traces: dict[str, Traces],
     ) -> Dataset:
-        """`teacher`: regimes.MIX_TEACHER for the mix regime (its teachers are train.mix)."""
+        """`teacher`: regimes.MIX_TEACHER for the mix regime (its teachers are train.mix);
+        `traces`: every teacher's traces cell of one trace draw, the draw of the set."""
         keys = {name: c.key for name, c in traces.items()}
         mixed = [keys[p.teacher] for p in exp.train.mix] if regime == "mix" else []
         own = None if regime == "mix" else keys[teacher]
@@ -245,7 +270,9 @@ class Dataset(_Distilling):
             # the dataset selects by the current extractor's verdicts: a version bump rebuilds it
             "extractor_version": answers.EXTRACTORS[task_id["extractor"]].version,
         }
-        return cls(cell_key("dataset", config, up, {}), config, up, student, task, teacher, regime)
+        (trace_seed,) = {c.trace_seed for c in traces.values()}
+        key = cell_key("dataset", config, up, {})
+        return cls(key, config, up, student, task, teacher, regime, trace_seed)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -272,12 +299,12 @@ class Screen(_Distilling):
         up = (dataset.key,)
         key = cell_key("screen", config, up, package_versions(("torch", "transformers")))
         d = dataset
-        return cls(key, config, up, d.model, d.task, d.teacher, d.regime)
+        return cls(key, config, up, d.model, d.task, d.teacher, d.regime, d.trace_seed)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Adapter(_Distilling):
-    """A student trained on a dataset (`upstream[0]`) with one seed."""
+    """A student trained on a dataset (`upstream[0]`, of one trace draw) with one training seed."""
 
     kind: ClassVar[str] = "adapter"
     phase: ClassVar[int] = 5
@@ -323,7 +350,7 @@ class Adapter(_Distilling):
             up = (dataset.key, reference.key)
         key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
         d, regime = dataset, regimes.row_regime(dataset.regime, align)
-        return cls(key, config, up, d.model, d.task, d.teacher, regime, seed)
+        return cls(key, config, up, d.model, d.task, d.teacher, regime, d.trace_seed, seed)
 
 
 def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
@@ -331,6 +358,9 @@ def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
     but for the mix's own batch)."""
     tr = exp.train
     settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
+    # how trace draws and training seeds combine is the grid's choice: the adapter's draw is in
+    # its dataset's key, its seed in its own
+    settings.pop("replicates")
     # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
     # the key. (checkpoint_every predates this rule and stays in the key.)
     settings.pop("checkpoint_seconds")

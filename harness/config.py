@@ -125,7 +125,43 @@ class SamplingConfig(Strict):
 
 
 class GenerateConfig(SamplingConfig):
+    """How teacher traces are sampled. `seeds`: one trace-sampling replicate (a traces cell per
+    task and teacher, and the datasets, adapters and evals that follow) per seed; without it,
+    one draw at `seed`."""
+
     top_k: int = -1
+    seeds: tuple[int, ...] | None = Field(
+        None, description="trace-sampling replicates: one draw per seed (default: one at seed)"
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _some(cls, seeds: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if seeds is not None and not seeds:
+            raise ValueError("give at least one seed, or leave seeds out (one draw at seed)")
+        return seeds if seeds is None else _distinct(seeds)
+
+    @model_validator(mode="after")
+    def _draws(self) -> GenerateConfig:
+        # a value, not "was it given": a config dumped and read back gives seed: 0
+        if self.seeds is not None and self.seed != 0:
+            raise ValueError(
+                f"give seed or seeds, not both: seeds lists every trace draw; move seed "
+                f"{self.seed} into seeds (e.g. seeds: [{self.seed}, ...]) and leave seed out"
+            )
+        return self
+
+    @property
+    def trace_seeds(self) -> tuple[int, ...]:
+        """The seed of every trace draw, in order."""
+        return self.seeds if self.seeds is not None else (self.seed,)
+
+
+def _distinct(seeds: tuple[int, ...]) -> tuple[int, ...]:
+    dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+    if dupes:
+        raise ValueError(f"{dupes} given more than once; list each seed once")
+    return seeds
 
 
 class LoraConfig(Strict):
@@ -198,6 +234,11 @@ class TrainConfig(Strict):
     max_length: int = Field(512, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
     seeds: tuple[int, ...] = (0,)
+    replicates: Literal["crossed", "paired"] = Field(
+        "crossed",
+        description="crossed: every trace draw (generate.seeds) x every training seed; paired: "
+        "the k-th trace seed with the k-th training seed",
+    )
     regimes: tuple[Regime, ...] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"
     mix: tuple[MixPart, ...] = Field((), description="the mix regime's teachers and weights")
@@ -229,6 +270,11 @@ class TrainConfig(Strict):
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: tuple[int, ...]) -> tuple[int, ...]:
+        return _distinct(seeds)
 
     @model_validator(mode="after")
     def _one_budget(self) -> TrainConfig:
@@ -267,7 +313,24 @@ class AnalysisConfig(Strict):
     seed: int = 0
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
     effect_of_interest: float = Field(
-        3.0, gt=0, le=100, description="smallest gain worth detecting, in points (`cotgap plan`)"
+        3.0,
+        gt=0,
+        le=100,
+        description="smallest gain worth acting on, in points: the equivalence margin and the bar "
+        "a `none` answer must rule out",
+    )
+    min_replicates: int = Field(
+        3,
+        ge=2,
+        description="replicates a teacher needs before any verdict but inconclusive (fewer: "
+        "exploratory); with 2, the spread of two replicates is too unstable for the rule's "
+        "error rates",
+    )
+    replicate_sd: float = Field(
+        3.0,
+        ge=0,
+        description="prior SD of a teacher's post accuracy between replicates, in points: what "
+        "`cotgap plan` assumes until replicates have run",
     )
 
 
@@ -389,6 +452,25 @@ class Experiment(Strict):
                 f"train.mix / train.budget.reference: not a teacher: {wrong}; teachers: {teachers}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _paired(self) -> Experiment:
+        draws, seeds = self.generate.trace_seeds, self.train.seeds
+        if self.train.replicates == "paired" and len(draws) != len(seeds):
+            raise ValueError(
+                f"train.replicates: paired trains the k-th trace draw (generate.seeds) with the "
+                f"k-th training seed (train.seeds), but there are {len(draws)} trace draw(s) and "
+                f"{len(seeds)} training seed(s); give both lists the same length, or use crossed"
+            )
+        return self
+
+    def replicates(self) -> list[tuple[int, int]]:
+        """Every (trace seed, training seed) replicate of a (task, student, teacher, regime), in
+        order: crossed (every pair) or paired (the k-th of each)."""
+        draws, seeds = self.generate.trace_seeds, self.train.seeds
+        if self.train.replicates == "paired":
+            return list(zip(draws, seeds, strict=True))
+        return [(d, s) for d in draws for s in seeds]
 
     def model(self, name: str) -> ModelSpec:
         for m in (*self.teachers, *self.students):

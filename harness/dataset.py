@@ -86,7 +86,10 @@ def _render(records: list[dict], tok: Any, chat: bool, max_length: int) -> tuple
 def _teacher_names(exp: Experiment, cell: Dataset) -> dict[str, str]:
     """Traces key -> teacher name, for the teachers a mix set reads."""
     ids = model_identities(exp)
-    names = {Traces.of(exp, ids[t.name], t.name, cell.task).key: t.name for t in exp.teachers}
+    names = {
+        Traces.of(exp, ids[t.name], t.name, cell.task, cell.trace_seed).key: t.name
+        for t in exp.teachers
+    }
     return {key: names[key] for key in cell.upstream}
 
 

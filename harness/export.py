@@ -14,6 +14,10 @@ unchanged (written by `datasets.Dataset.to_parquet`, so the card's `configs:` an
     predictions/<task>/<student>_<teacher>_<regime>_seed<seed>.parquet   a distilled student
     leaderboard.parquet                                     analysis/leaderboard.csv, typed
 
+With several trace draws (`generate.seeds`), a traces file, a training set and a distilled
+student's predictions name their draw: `<teacher>_trace<s>.parquet`,
+`<teacher>_<regime>_trace<s>.parquet`, `<student>_<teacher>_<regime>_trace<s>_seed<seed>.parquet`.
+
 The export is built in a temporary directory next to `--out` and renamed into place, so `--out`
 holds a whole export or the previous one. Cells not computed yet are left out and counted.
 """
@@ -53,7 +57,7 @@ def _provenance(store: Store, cell: Cell) -> dict[str, Any]:
         + (" (dirty)" if manifest.get("git", {}).get("dirty") else ""),
         "created": manifest.get("end"),
     }
-    for name in ("teacher", "student", "regime", "seed", "role"):
+    for name in ("teacher", "student", "regime", "trace_seed", "seed", "role"):
         if getattr(cell, name, None) is not None:
             out[name] = getattr(cell, name)
     if cell.model not in out.values():  # an eval's model; a dataset's student is named already
@@ -100,19 +104,24 @@ def _decoding(section: dict[str, Any]) -> str:
 def _files(exp: Experiment, grid: grids.Grid) -> list[tuple[str, Cell]]:
     """(path in the export, cell) for every file an export can hold, in report order."""
     out: list[tuple[str, Cell]] = []
-    for (task, teacher), c in grid.traces.items():
-        out.append((f"traces/{safe_name(task)}/{safe_name(teacher)}.parquet", c))
+    several = len(exp.generate.trace_seeds) > 1
+
+    def draw(seed: int) -> str:
+        return f"_trace{seed}" if several else ""
+
+    for (task, teacher, trace_seed), c in grid.traces.items():
+        out.append((f"traces/{safe_name(task)}/{safe_name(teacher)}{draw(trace_seed)}.parquet", c))
     for (task, teacher), c in grid.teachers.items():
         out.append((f"predictions/{safe_name(task)}/teacher_{safe_name(teacher)}.parquet", c))
     for (task, student), c in grid.baselines.items():
         out.append((f"predictions/{safe_name(task)}/{safe_name(student)}_base.parquet", c))
     seen = set()
-    for (task, student, teacher, regime, seed), d in grid.distilled.items():
-        stem = f"{safe_name(task)}/{safe_name(student)}"
+    for (task, student, teacher, regime, trace_seed, seed), d in grid.distilled.items():
+        stem, of = f"{safe_name(task)}/{safe_name(student)}", f"{safe_name(teacher)}_{regime}"
         if d.dataset.key not in seen:
             seen.add(d.dataset.key)
-            out.append((f"train/{stem}/{safe_name(teacher)}_{regime}.parquet", d.dataset))
-        name = f"{safe_name(student)}_{safe_name(teacher)}_{regime}_seed{seed}"
+            out.append((f"train/{stem}/{of}{draw(trace_seed)}.parquet", d.dataset))
+        name = f"{safe_name(student)}_{of}{draw(trace_seed)}_seed{seed}"
         out.append((f"predictions/{safe_name(task)}/{name}.parquet", d.eval))
     return out
 

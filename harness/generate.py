@@ -2,8 +2,8 @@
 
     cotgap generate configs/sandbox.yaml [--teacher NAME] [--task NAME]
 
-`run` takes the traces cells of one teacher and runs them in one child process with one engine
-session. Each cell's `traces.jsonl` holds one record per sample, in item then sample order.
+`run` takes the traces cells of one teacher (every trace draw of it: `generate.seeds`) and runs
+them in one child process with one engine session; each cell samples with its own draw's seed. Each cell's `traces.jsonl` holds one record per sample, in item then sample order.
 Items are generated in windows of `chunk_seqs` sequences, and within a window a record is
 written as soon as every earlier item of the window is written, so the file on disk is always
 a run of whole items in item order. A killed run keeps those items, regenerates the rest and
@@ -13,6 +13,7 @@ ends with the same bytes as an uninterrupted run: each request samples with its 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter, defaultdict
@@ -68,9 +69,14 @@ def work(
         engines.emit({"status": f"starting the {exp.generate.engine} engine"})
         engine = engines.load(exp.generate.engine, exp.model(cells[0].model))
     return {
-        c.key: _generate_cell(exp, store, c, task, items, engine, sampling, chunk_seqs)
+        c.key: _generate_cell(exp, store, c, task, items, engine, _drawn(sampling, c), chunk_seqs)
         for c, task, items in loaded
     }
+
+
+def _drawn(sampling: Sampling, cell: Traces) -> Sampling:
+    """The sampling of one trace draw: the generate settings at the cell's own seed."""
+    return dataclasses.replace(sampling, seed=cell.config["generate"]["seed"])
 
 
 def task_items(exp: Experiment, cell: Any, split: str) -> tuple[tasks.TaskSpec, list[tasks.Item]]:

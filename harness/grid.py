@@ -3,10 +3,12 @@
     cotgap plan configs/sandbox.yaml
 
 `expand(exp)` is pure: it reads model and task identities, never the store or a stage. Per task,
-one traces and one eval cell per teacher; one baseline eval per student, shared by every teacher;
-per (student, regime, teacher) one dataset (the mix regime: one per student; with a `screen:`
-section, a screen cell of it), and per seed and budget alignment (train.budget.align) an adapter
-and its eval. A cell shared by
+one traces cell per teacher and trace draw (`generate.seeds`; one draw at `generate.seed` without
+it) and one eval cell per teacher; one baseline eval per student, shared by every teacher and
+draw; per (student, regime, teacher, trace draw) one dataset built from that draw's traces only
+(the mix regime: one per student and draw; with a `screen:` section, a screen cell of it), and
+per training seed paired with the draw (`train.replicates`: crossed, every seed; paired, the
+draw's own) and budget alignment (train.budget.align) an adapter and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
 row's cells, so the analysis reads the grid instead of rebuilding it. With `select:`, each task
 first has one select eval per teacher (phase 0; harness/selection.py decides from them).
@@ -38,20 +40,24 @@ from harness.regimes import MIX_TEACHER
 
 @dataclasses.dataclass(frozen=True)
 class Distilled:
-    """The cells of one distilled row: its eval, adapter, dataset, and its student's baseline."""
+    """The cells of one distilled row, one replicate of its (task, student, teacher, regime): its
+    eval, adapter, dataset, its student's baseline, and the traces of its trace draw
+    (`trace_seed`) that the adapter trained on with `train_seed`."""
 
     eval: Eval
     adapter: Adapter
     dataset: Dataset
     baseline: Eval
     traces: Traces | None  # None for a mix row (its traces are its dataset's inputs)
+    trace_seed: int
+    train_seed: int
 
 
 @dataclasses.dataclass(frozen=True)
 class Gate:
     """`train.teachers_per_student: top_k`: an adapter is trained only if its dataset's screen
     (`screen`) is among the `k` best by `signal` of its (task, student, regime) group (`group`,
-    every teacher's screen key in grid order). The scheduler waits for the group's screens and
+    every teacher's screen key of the same trace draw, in grid order). The scheduler waits for the group's screens and
     skips the others' adapters with the reason; expansion stays pure."""
 
     screen: str
@@ -85,18 +91,18 @@ class Grid:
     """`cells`: every cell, each after its inputs; the dicts name them by row, in report order."""
 
     cells: tuple[Cell, ...]
-    traces: dict[tuple[str, str], Traces]  # (task, teacher)
+    traces: dict[tuple[str, str, int], Traces]  # (task, teacher, trace_seed)
     teachers: dict[tuple[str, str], Eval]  # (task, teacher)
     baselines: dict[tuple[str, str], Eval]  # (task, student)
     distilled: dict[
-        tuple[str, str, str, str, int], Distilled
-    ]  # (task, student, teacher, regime, seed)
+        tuple[str, str, str, str, int, int], Distilled
+    ]  # (task, student, teacher, regime, trace_seed, train_seed)
     candidates: dict[tuple[str, str], Eval] = dataclasses.field(
         default_factory=dict
     )  # (task, teacher): select cells; empty without a `select:` section
-    screens: dict[tuple[str, str, str, str], Screen] = dataclasses.field(
+    screens: dict[tuple[str, str, str, str, int], Screen] = dataclasses.field(
         default_factory=dict
-    )  # (task, student, teacher, regime); empty without a `screen:` section
+    )  # (task, student, teacher, regime, trace_seed); empty without a `screen:` section
     gates: dict[str, Gate] = dataclasses.field(default_factory=dict)  # adapter key -> its gate
 
     def __iter__(self) -> Iterator[Cell]:
@@ -134,78 +140,118 @@ def expand(exp: Experiment) -> Grid:
 def _expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
-    traces_of, teachers, baselines, distilled, screens = {}, {}, {}, {}, {}
-    select = {}
-    top_k = exp.train.teachers_per_student == "top_k"
-    screening = exp.screen is not None or top_k
-    signal = (exp.screen or ScreenConfig()).signal
+    rows = _Rows()
+    # a trace draw's cells name it only where the experiment has several (generate.seeds)
+    named = {s: (None if exp.generate.seeds is None else s) for s in exp.generate.trace_seeds}
     for task in (t.name for t in exp.tasks):
         if exp.select is not None:  # phase 0: the teachers on the candidate task
             for t in exp.teachers:
-                select[task, t.name] = Eval.selection(exp, ids[t.name], t.name, task)
-                cells.append(select[task, t.name])
-        traces = {t.name: Traces.of(exp, ids[t.name], t.name, task) for t in exp.teachers}
-        cells.extend(traces.values())
-        traces_of.update({(task, t): c for t, c in traces.items()})
+                rows.candidates[task, t.name] = Eval.selection(exp, ids[t.name], t.name, task)
+                cells.append(rows.candidates[task, t.name])
+        draws = {}
+        for seed, name in named.items():
+            draws[seed] = {
+                t.name: Traces.of(exp, ids[t.name], t.name, task, name) for t in exp.teachers
+            }
+            cells.extend(draws[seed].values())
+            rows.traces.update({(task, t, seed): c for t, c in draws[seed].items()})
         for t in exp.teachers:
-            teachers[task, t.name] = Eval.of(exp, ids[t.name], t.name, task, role="teacher")
-            cells.append(teachers[task, t.name])
+            rows.teachers[task, t.name] = Eval.of(exp, ids[t.name], t.name, task, role="teacher")
+            cells.append(rows.teachers[task, t.name])
         for s in exp.students:
-            base = baselines[task, s.name] = Eval.of(exp, ids[s.name], s.name, task)
+            base = rows.baselines[task, s.name] = Eval.of(exp, ids[s.name], s.name, task)
             cells.append(base)
-            reference = _reference(exp, ids[s.name], s.name, task, traces, cells)
-            sets: dict[tuple[str, str], Dataset] = {}
-            for align in exp.train.budget.align:
-                for regime in exp.train.regimes:
-                    if not regimes.aligned(exp.train, regime, align):
-                        continue
-                    names = [MIX_TEACHER] if regime == "mix" else [t.name for t in exp.teachers]
-                    for t in names:
-                        if (regime, t) not in sets:  # one set, whatever the budget
-                            d = sets[regime, t] = Dataset.of(
-                                exp, ids[s.name], s.name, t, task, regime, traces
-                            )
-                            cells.append(d)
-                            if screening:
-                                screen = Screen.of(exp, ids[s.name], d)
-                                screens[task, s.name, t, regime] = screen
-                                cells.append(screen)
-                        d = sets[regime, t]
-                        for seed in exp.train.seeds:
-                            a = Adapter.of(exp, ids[s.name], d, seed, align, reference)
-                            row = (task, s.name, t, a.regime, seed)
-                            names_ = {"teacher": t, "regime": a.regime, "seed": seed}
-                            e = Eval.of(
-                                exp, ids[s.name], s.name, task, a, role="distilled", **names_
-                            )
-                            cells.extend((a, e))
-                            distilled[row] = Distilled(e, a, d, base, traces.get(t))
-    gates = {}
-    if top_k:  # per (task, student, regime of the set): every teacher's screen
-        for (task, student, teacher, _, _), d in distilled.items():
-            regime = d.dataset.regime
-            group = tuple(
-                c.key for (t, s, _, r), c in screens.items() if (t, s, r) == (task, student, regime)
-            )
-            mine = screens[task, student, teacher, regime].key
-            gates[d.adapter.key] = Gate(mine, group, exp.train.top_k, signal)
+            for seed, traces in draws.items():
+                _student_draw(exp, ids[s.name], s.name, task, base, seed, traces, cells, rows)
     return Grid(
         tuple(cells),
-        traces_of,
-        teachers,
-        baselines,
-        distilled,
-        candidates=select,
-        screens=screens,
-        gates=gates,
+        rows.traces,
+        rows.teachers,
+        rows.baselines,
+        rows.distilled,
+        candidates=rows.candidates,
+        screens=rows.screens,
+        gates=_gates(exp, rows),
     )
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The grid's lookups while it is built."""
+
+    traces: dict = dataclasses.field(default_factory=dict)
+    teachers: dict = dataclasses.field(default_factory=dict)
+    baselines: dict = dataclasses.field(default_factory=dict)
+    distilled: dict = dataclasses.field(default_factory=dict)
+    candidates: dict = dataclasses.field(default_factory=dict)
+    screens: dict = dataclasses.field(default_factory=dict)
+
+
+def _student_draw(
+    exp: Experiment,
+    ident: dict,
+    student: str,
+    task: str,
+    base: Eval,
+    trace_seed: int,
+    traces: dict[str, Traces],
+    cells: list[Cell],
+    rows: _Rows,
+) -> None:
+    """A student's cells on one trace draw (`traces`: every teacher's traces of the draw): per
+    regime and teacher a dataset (and its screen), per training seed paired with the draw and
+    budget alignment an adapter and its eval."""
+    screening = exp.screen is not None or exp.train.teachers_per_student == "top_k"
+    train_seeds = [b for a, b in exp.replicates() if a == trace_seed]
+    reference = _reference(exp, ident, student, task, traces, cells)
+    sets: dict[tuple[str, str], Dataset] = {}
+    for align in exp.train.budget.align:
+        for regime in exp.train.regimes:
+            if not regimes.aligned(exp.train, regime, align):
+                continue
+            names = [MIX_TEACHER] if regime == "mix" else [t.name for t in exp.teachers]
+            for t in names:
+                if (regime, t) not in sets:  # one set, whatever the budget
+                    d = sets[regime, t] = Dataset.of(exp, ident, student, t, task, regime, traces)
+                    cells.append(d)
+                    if screening:
+                        screen = Screen.of(exp, ident, d)
+                        rows.screens[task, student, t, regime, trace_seed] = screen
+                        cells.append(screen)
+                d = sets[regime, t]
+                for seed in train_seeds:
+                    a = Adapter.of(exp, ident, d, seed, align, reference)
+                    names_ = {"teacher": t, "regime": a.regime, "seed": seed}
+                    names_["trace_seed"] = d.trace_seed
+                    e = Eval.of(exp, ident, student, task, a, role="distilled", **names_)
+                    cells.extend((a, e))
+                    row = (task, student, t, a.regime, trace_seed, seed)
+                    rows.distilled[row] = Distilled(e, a, d, base, traces.get(t), trace_seed, seed)
+
+
+def _gates(exp: Experiment, rows: _Rows) -> dict[str, Gate]:
+    """With top_k: per adapter, the gate of its (task, student, regime of the set, trace draw)."""
+    if exp.train.teachers_per_student != "top_k":
+        return {}
+    signal = (exp.screen or ScreenConfig()).signal
+    groups: dict[tuple, list[str]] = {}
+    for (task, student, _, regime, draw), c in rows.screens.items():
+        groups.setdefault((task, student, regime, draw), []).append(c.key)
+    gates = {}
+    for (task, student, teacher, _, draw, _), d in rows.distilled.items():
+        regime = d.dataset.regime
+        mine = rows.screens[task, student, teacher, regime, draw].key
+        group = tuple(groups[task, student, regime, draw])
+        gates[d.adapter.key] = Gate(mine, group, exp.train.top_k, signal)
+    return gates
 
 
 def _reference(
     exp: Experiment, ident: dict, student: str, task: str, traces: dict, cells: list[Cell]
 ) -> Dataset | None:
-    """The per_teacher set budgets align to (train.budget.reference, default the first teacher),
-    a cell of the grid even where per_teacher is not one of its regimes; None when nothing aligns."""
+    """The per_teacher set budgets align to (train.budget.reference, default the first teacher)
+    of one trace draw, a cell of the grid even where per_teacher is not one of its regimes; None
+    when nothing aligns."""
     if exp.train.budget.align == ("none",):
         return None
     teacher = exp.train.budget.reference or exp.teachers[0].name

@@ -153,11 +153,25 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
+    console.print(replicates_line(exp))
     for line in selection_lines(exp, store, grid, todo):
         console.print(line)
     for line in detectable_gains(exp, store, grid):
         console.print(line)
     return cells
+
+
+def replicates_line(exp: Experiment) -> str:
+    """How many replicates stand behind each teacher: trace draws, training seeds, and how they
+    combine (train.replicates)."""
+    draws, seeds, reps = exp.generate.trace_seeds, exp.train.seeds, exp.replicates()
+    source = "generate.seeds" if exp.generate.seeds is not None else "generate.seed"
+    how = f"{exp.train.replicates}: " if len(draws) > 1 and len(seeds) > 1 else ""
+    return (
+        f"replicates per teacher: {len(reps)} ({how}{len(draws)} trace draw(s), {source} "
+        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
+        f"{', '.join(map(str, seeds))}) for each (task, student, regime)"
+    )
 
 
 def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
@@ -205,21 +219,40 @@ _UNMEASURED_BASE = 0.5
 
 
 def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = None) -> list[str]:
-    """One line per task and baseline: the smallest gain its test set detects (exact McNemar,
-    alpha 0.05, power 0.8) against the measured baseline of each student, else a 50% one (students
-    sharing a baseline share the line); a warning when it is larger than
-    analysis.effect_of_interest."""
-    from harness import stats
+    """One line per task and baseline: the smallest gain over the baseline, and the smallest
+    difference between two teachers, that the report's own rule (harness/inference.py) calls
+    `better` with power 0.8, at this grid's test items, teachers and replicates, with a
+    replicate SD of analysis.replicate_sd (a prior until replicates have run); against the
+    measured baseline of each student, else a 50% one. A warning when the design cannot reach
+    analysis.effect_of_interest, and the replicates that would."""
+    from harness import inference
 
+    a = exp.analysis
     sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
-    effect = exp.analysis.effect_of_interest
+    effect = a.effect_of_interest
+    draws = exp.generate.trace_seeds
+    # the rule's replicate unit: a trace draw (its training seeds averaged), else a training seed
+    reps = len(draws) if len(draws) > 1 else len(exp.train.seeds)
+    m = len(exp.teachers)
+    sd = a.replicate_sd / 100
     designs: dict[tuple[str, int, float | None], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
         n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
         base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
         designs.setdefault((task, n, base), []).append(student)
-    lines = [f"minimum detectable gain (alpha 0.05, power 0.8; effect of interest {effect:g} pts):"]
+    lines = [
+        f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
+        f"{m} teacher(s), {reps} replicate(s) each, replicate SD {a.replicate_sd:g} pts assumed; "
+        f"effect of interest {effect:g} pts):"
+    ]
+    if reps < a.min_replicates:
+        lines.append(
+            f"  [yellow]{reps} replicate(s) per teacher < analysis.min_replicates "
+            f"{a.min_replicates}: exploratory, no verdict but inconclusive[/]; at "
+            f"{a.min_replicates} replicates:"
+        )
+    planned = max(reps, a.min_replicates)
     for (task, n, base), students in designs.items():
         who = f"  {task} / {', '.join(students)}"
         if not n:
@@ -227,15 +260,37 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             continue
         source = "not measured yet, assumed" if base is None else "measured"
         base = _UNMEASURED_BASE if base is None else float(base)
-        d = stats.detectability(n, base, effect / 100)
-        mde = "out of reach" if math.isnan(d["mde"]) else f"{100 * d['mde']:.1f} pts"
-        line = f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}): MDE {mde}"
-        if d["too_coarse"]:
-            line += (
-                f" [yellow]> {effect:g} pts: the test set cannot detect the effect of interest[/]"
-            )
+        gain = inference.minimum_detectable_gain(n, base, planned, sd, m, 1 - a.ci, sims=500)
+        diff = inference.minimum_detectable_difference(
+            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, sims=500
+        )
+        line = (
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}): gain "
+            f"{_pts(gain)}, teacher vs teacher {_pts(diff)}"
+        )
+        if math.isnan(gain) or gain * 100 > effect:
+            line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
+            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100)
+            line += f" ({more})" if more else ""
         lines.append(line)
     return lines
+
+
+def _pts(x: float) -> str:
+    return "out of reach" if math.isnan(x) else f"{100 * x:.1f} pts"
+
+
+def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect: float) -> str:
+    """The fewest replicates (up to 20) at which the rule detects `effect` at these items."""
+    from harness import inference
+
+    def reaches(r: int) -> bool:
+        return inference.gain_power(n, base, effect, r, sd, m, alpha, sims=500) >= 0.8
+
+    if not reaches(20):
+        return "more test items are needed: 20 replicates do not reach it"
+    r = next(r for r in (3, 5, 8, 12, 20) if reaches(r))
+    return f"{r} replicates would reach it"
 
 
 def _needs(exp: Experiment, c: Cell) -> str:

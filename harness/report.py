@@ -25,10 +25,12 @@ from harness import screening  # noqa: E402
 from harness.config import Experiment  # noqa: E402
 from harness.store import safe_name  # noqa: E402
 
-VERDICTS = {
-    "significant_gain": "distill from {t}: it beats the baseline and the CI excludes 0",
-    "gain_not_significant": "{t} beats the baseline, but the CI includes 0",
-    "no_gain": "no teacher beats the baseline (best: {t}); keep the base student",
+WORDS = {
+    "better": "better",
+    "worse": "worse",
+    "equivalent": "equivalent",
+    "inconclusive": "inconclusive",
+    None: "–",
 }
 
 
@@ -40,6 +42,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _selection(result),
         _setup(result),
         _answers(result),
+        _evidence(result),
         _capacity_gap(result),
         _degraded(result),
         _delta_large(result),
@@ -98,6 +101,15 @@ def _names(names: list[str]) -> str:
 # --- sections ------------------------------------------------------------------------------------
 
 
+def _draws(grid: dict[str, Any]) -> str:
+    """The trace draws of a grid with several (`generate.seeds`), and how they meet the seeds."""
+    draws = grid.get("trace_seeds") or []
+    if len(draws) < 2:
+        return ""
+    how = "each with every seed" if grid["replicates"] == "crossed" else "paired with the seeds"
+    return f"; trace draws (generate.seeds): {', '.join(map(str, draws))}, {how}"
+
+
 def _header(exp: Experiment, r: dict[str, Any]) -> str:
     grid = r["grid"]
     text = (
@@ -107,7 +119,9 @@ def _header(exp: Experiment, r: dict[str, Any]) -> str:
         f"Grid: {len(grid['teachers'])} teachers ({', '.join(grid['teachers'])}) × "
         f"{len(grid['students'])} students ({', '.join(grid['students'])}) × "
         f"{len(grid['tasks'])} tasks ({', '.join(grid['tasks'])}); regimes: "
-        f"{', '.join(grid['regimes'])}; seeds: {', '.join(map(str, grid['seeds']))}."
+        f"{', '.join(grid['regimes'])}; seeds: {', '.join(map(str, grid['seeds']))}"
+        + _draws(grid)
+        + "."
     )
     missing = r["missing_cells"]
     if missing:
@@ -160,154 +174,174 @@ def _setup(r: dict[str, Any]) -> str:
     )
 
 
-def _answers(r: dict[str, Any]) -> str:
-    rows = []
-    for g in r["groups"]:
-        best = g["ranking"][0] if g["best_teachers"] else {}
-        verdict = VERDICTS.get(g["verdict"], "not computed yet")
-        rows.append(
-            [
-                g["task"],
-                g["student"],
-                g["regime"],
-                pts(g["base_acc"]),
-                f"{_names(g['best_teachers'])} ({pts(best.get('post_acc'))})",
-                spts(best.get("gain")),
-                _names(g["strongest_teachers"]),
-                {True: "yes", False: "no", None: "–"}[g["best_is_strongest"]],
-                verdict.format(t=_names(g["best_teachers"])),
-            ]
+def answer_line(g: dict[str, Any]) -> str:
+    """The group's answer in one sentence, from its decision (the same words as answers.csv)."""
+    d = g["decision"]
+    h = d["headline"]
+    quoted = f"{h['teacher']}: gain {spts(h['gain'])} pts, {_level(h)} {ci(h['gain_low'], h['gain_high'])}"
+    if d["exploratory"]:
+        reps = min(t["n_replicates"] for t in d["teachers"])
+        return (
+            f"exploratory ({reps} replicate(s) per teacher; no verdict below the configured "
+            f"minimum): largest gain {quoted}"
         )
-    header = [
-        "task",
-        "student",
-        "regime",
-        "base",
-        "best teacher (post)",
-        "gain",
-        "strongest teacher",
-    ]
-    header += ["best is strongest?", "verdict (point-estimate best, its own CI)"]
-    for row, g in zip(rows, r["groups"], strict=True):
-        row.append(_tell(g["decision"]))
-    header.append("can the data tell the teachers apart?")
-    lines = [
-        f"- {_who(g)}: {decision_text(g['decision'], g['comparison'])}"
-        for g in r["groups"]
-        if g["decision"]
-    ]
+    if d["answer"] == "none":
+        return (
+            f"none: no teacher beats the baseline, and none can by {pts(d['effect'])} pts or more "
+            f"(largest gain {quoted}); keep the base student"
+        )
+    if d["answer"] == "inconclusive":
+        if d["distill"] == "yes":
+            return (
+                f"distilling helps ({quoted}), but the data cannot tell which teacher is best: "
+                f"best set {{{', '.join(d['best_set'])}}}"
+            )
+        return (
+            f"inconclusive: no teacher is shown better than the baseline, nor ruled out ({quoted})"
+        )
+    return f"distill from {quoted}; it is the only member of the best set"
+
+
+def _level(x: dict[str, Any]) -> str:
+    return f"{100 * x['level']:.4g}% CI"
+
+
+def _answers(r: dict[str, Any]) -> str:
+    decided = [g for g in r["groups"] if g["decision"]]
+    if not decided:
+        return "## Answers\n\nNo group has a scored baseline and distilled student yet."
+    rows = [
+        [g["task"], g["student"], g["regime"], pts(g["decision"]["base_acc"]), g["answer"],
+         g["decision"]["distill"], g["decision"]["headline"]["teacher"],
+         spts(g["decision"]["headline"]["gain"]),
+         ci(g["decision"]["headline"]["gain_low"], g["decision"]["headline"]["gain_high"]),
+         ", ".join(g["decision"]["best_set"]),
+         min(t["n_replicates"] for t in g["decision"]["teachers"])]
+        for g in decided
+    ]  # fmt: skip
+    header = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain"]
+    header += ["interval", "best set", "replicates"]
+    a = r["analysis_config"]
     return "\n\n".join(
         [
-            "## Which teacher, if any?",
-            "Best teacher and gain by mean post (point estimates), then what the test items and "
-            "seeds can support: each teacher's p_best (share of joint bootstrap resamples of items "
-            f"and seeds in which it is best), differences with their {100 * r['analysis_config']['ci']:g}% "
-            "CI and exact sign-test p (McNemar with one seed), Holm-adjusted within the group. A "
-            "difference counts when both the Holm p and the CI say so.",
+            "## Answers",
+            "Which teacher should each student distill from, and does distilling beat the "
+            "student's own baseline? One row per (task, student, regime), from answers.csv. The "
+            "unit is the teacher: each gain pools the teacher's replicates (trace draws and "
+            "training seeds), and its interval covers test items and replicates, Bonferroni-"
+            f"adjusted over the group's teachers (family-wise {100 * (1 - a['ci']):g}%). An "
+            "answer names a teacher only when it beats the baseline and no other teacher is "
+            f"possibly better; `none` when no teacher can beat the baseline by "
+            f"{a['effect_of_interest']:g} points (the effect of interest); else inconclusive. "
+            f"Below {a['min_replicates']} replicates per teacher nothing is claimed (exploratory).",
             md_table(header, rows),
-            "\n".join(lines),
+            "\n".join(f"- {_who(g)}: {answer_line(g)}." for g in decided),
+            _replicate_cost(r, decided),
         ]
     )
 
 
-def _tell(d: dict[str, Any] | None) -> str:
-    if d is None:
-        return "–"
-    if not d["versus"]:
-        return "one teacher only"
-    if d["separable"]:
-        return f"yes: {d['best']} beats every other teacher"
+def _replicate_cost(r: dict[str, Any], decided: list[dict[str, Any]]) -> str:
+    """For exploratory groups: what the replicates the rule needs would cost."""
+    if not any(g["decision"]["exploratory"] for g in decided):
+        return ""
+    grid, a = r["grid"], r["analysis_config"]
+    have = min(min(t["n_replicates"] for t in g["decision"]["teachers"]) for g in decided)
+    per = len(grid["tasks"]) * len(grid["students"]) * len(grid["regimes"]) * len(grid["teachers"])
+    more = a["min_replicates"] - have
     return (
-        "no: "
-        + ", ".join(v["teacher"] for v in d["versus"] if not v["separated"])
-        + (f" indistinguishable from {d['best']}")
+        f"**Exploratory:** {have} replicate(s) per teacher, and the rule needs "
+        f"{a['min_replicates']} (analysis.min_replicates). Each replicate adds one traces cell "
+        f"per (task, teacher) with `generate.seeds`, and one adapter and distilled eval per "
+        f"(task, student, regime, teacher): about {per} adapters here, {more * per} for the "
+        f"{more} missing. `cotgap plan` prices it and states what it would detect."
     )
 
 
-def _diff(x: dict[str, Any], low: str = "low", high: str = "high", key: str = "diff") -> str:
-    return f"{spts(x[key])} pts, CI {ci(x[low], x[high])}, Holm p {pval(x['p_holm'])}"
-
-
-def decision_text(d: dict[str, Any], comparison: dict[str, Any]) -> str:
-    """'teacher-m (p_best 0.81) beats teacher-l (+4.5 pts, CI [+1.0, +8.0], Holm p 0.020); ...'"""
-    best = f"{d['best']} (p_best {d['p_best']:.2f})"
-    beaten = [v for v in d["versus"] if v["separated"]]
-    tied = [v for v in d["versus"] if not v["separated"]]
-    parts = []
-    if not d["versus"]:
-        parts.append(f"{d['best']} is the only teacher scored")
-    elif beaten:
-        parts.append(f"{best} beats " + ", ".join(f"{v['teacher']} ({_diff(v)})" for v in beaten))
-    else:
-        parts.append(f"{best} is ahead by its point estimate")
-    parts += [f"{v['teacher']} is indistinguishable from {d['best']} ({_diff(v)})" for v in tied]
-    gains = {t["teacher"]: t for t in comparison["teachers"]}
-
-    def against_base(names: list[str]) -> str:
-        return ", ".join(f"{t} ({_diff(gains[t], 'gain_low', 'gain_high', 'gain')})" for t in names)
-
-    if d["beats_baseline"]:
-        parts.append("beats the baseline: " + against_base(d["beats_baseline"]))
-    else:
-        mde = comparison["mde"]
-        reach = (
-            "no gain is detectable on this test set"
-            if _nan(mde)
-            else f"{comparison['n_items']} test items detect a gain of {pts(mde)} pts with 80% power"
-        )
-        parts.append(f"no teacher beats the baseline ({reach})")
-    if d["worse_than_baseline"]:
-        parts.append("worse than the baseline: " + against_base(d["worse_than_baseline"]))
-    return "; ".join(parts) + "."
-
-
-def _capacity_gap(r: dict[str, Any]) -> str:
-    scored = [g for g in r["groups"] if g["best_teachers"]]
-    if not scored:
-        return "## Capacity gap\n\nNo distilled cell is scored yet."
+def _evidence(r: dict[str, Any]) -> str:
+    """Per group: every teacher against the baseline and against the others, with verdicts."""
+    decided = [g for g in r["groups"] if g["decision"]]
+    if not decided:
+        return ""
     parts = [
-        "## Capacity gap",
-        "Teachers ranked by post (mean over seeds; ≈ where the step is within the seed-to-seed "
-        f"SD, so seeds alone could reorder it), with p_best and the {100 * r['analysis_config']['ci']:g}% "
-        "interval of the rank:",
+        "## Evidence per group",
+        "Each teacher against the baseline (gain, interval over items and replicates, verdict) "
+        "and each pair of teachers (difference b − a). better / worse: the interval excludes 0; "
+        "equivalent: it lies inside ± the effect of interest; inconclusive: neither. The MDE is "
+        "the smallest gain (and teacher difference) this group's items and replicates detect with "
+        "80% power under this rule.",
     ]
-    ranks = [
-        [g["task"], g["student"], g["regime"], _ranked(g["ranking"]), _p_best(g["comparison"])]
-        for g in scored
-    ]
-    parts.append(md_table(["task", "student", "regime", "ranking by post", "p_best [rank]"], ranks))
-    parts.extend(_overall_text(reg, o) for reg, o in r["overall"].items() if o["n_best_judged"])
-    parts.append(
-        "Per group, one point per teacher: within a group the baseline is one number, so gain "
-        "ranks as post does and the gap as teacher accuracy. Spearman rho with its exact "
-        f"permutation p; a two-sided test needs at least {r['min_teachers']} teachers to reach "
-        "0.05:"
-    )
-    keys = ("gain~teacher_acc", "gain~teacher_size")
-    rows = [
-        [g["task"], g["student"], g["regime"], *(_rho_exact(g["correlations"][k]) for k in keys)]
-        for g in scored
-    ]
-    parts.append(md_table(["task", "student", "regime", *map(_measure, keys)], rows))
+    for g in decided:
+        d = g["decision"]
+        rows = [
+            [t["teacher"], pts(t["post_acc"]), spts(t["gain"]), ci(t["gain_low"], t["gain_high"]),
+             t["n_replicates"], pts(t["rep_sd"]) if t["n_replicates"] > 1 else "–",
+             WORDS[t["verdict"]], "yes" if t["teacher"] in d["best_set"] else "no"]
+            for t in d["teachers"]
+        ]  # fmt: skip
+        header = ["teacher", "post", "gain", "interval", "replicates", "replicate SD", "vs base"]
+        header.append("in best set")
+        pairs = "; ".join(
+            f"{q['b']} − {q['a']} {spts(q['diff'])} {ci(q['low'], q['high'])}: {WORDS[q['verdict']]}"
+            for q in d["pairs"]
+        )
+        mde = d.get("mde") or {}
+        reach = (
+            f"MDE: gain {pts(mde.get('gain'))} pts, teacher difference "
+            f"{pts(mde.get('difference'))} pts at {mde.get('replicates')} replicates "
+            f"(replicate SD {pts(mde.get('rep_sd'))} pts, {mde.get('rep_sd_source')})"
+            if mde
+            else ""
+        )
+        parts.append(
+            f"### {_who(g)}\n\nBaseline {pts(d['base_acc'])} "
+            f"{ci(d['base_low'], d['base_high']).replace('+', '')} on {d['n_items']} items.\n\n"
+            + md_table(header, rows)
+            + (f"\n\nPairs: {pairs}." if pairs else "")
+            + (f"\n\n{reach}." if reach else "")
+        )
     return "\n\n".join(parts)
 
 
-def _p_best(c: dict[str, Any] | None) -> str:
-    if not c:
-        return "–"
-    ts = sorted(c["teachers"], key=lambda t: -t["p_best"])
-    return ", ".join(
-        f"{t['teacher']} {t['p_best']:.2f} [{t['rank_low']}–{t['rank_high']}]" for t in ts
+def _capacity_gap(r: dict[str, Any]) -> str:
+    overall = {reg: o for reg, o in r["overall"].items() if o["n_decided"]}
+    if not overall:
+        return "## Capacity gap\n\nNo distilled cell is scored yet."
+    parts = [
+        "## Capacity gap",
+        "Is a teacher's gain related to its accuracy or size? Tested with teachers as the unit: "
+        "the mean within-group Spearman rho of gain and the property, against all permutations "
+        "of the property among each task's teachers (one permutation for every student of the "
+        "task, whose traces they share). Where the design cannot reach p ≤ 0.05 the test says so.",
+    ]
+    for reg, o in overall.items():
+        cg = o["capacity_gap"]
+        line = (
+            f"**{reg}:** the strongest teacher (by accuracy) is in the best set in "
+            f"{o['n_strongest_in_best_set']} of {o['n_decided']} groups. "
+        )
+        keys = (
+            ["gain~teacher_acc"] if cg["collinear"] else ["gain~teacher_acc", "gain~teacher_size"]
+        )
+        tests = [f"{_measure(k)}: {_perm(cg[k])}" for k in keys]
+        if cg["collinear"]:
+            tests.append(
+                "teacher accuracy and size order every task's teachers the same way: one relation, "
+                "not two"
+            )
+        parts.append(line + "; ".join(tests) + ".")
+    return "\n\n".join(parts)
+
+
+def _perm(t: dict[str, Any]) -> str:
+    if _nan(t["rho"]):
+        return "not defined (fewer than 3 teachers, or no spread)"
+    text = (
+        f"mean rho {t['rho']:+.2f}, teacher-permutation p={pval(t['p'])} ({t['n_groups']} groups)"
     )
-
-
-def _rho_exact(c: dict[str, Any]) -> str:
-    if _nan(c["rho"]):
-        return f"n/a (n={c['n']})"
-    text = f"{c['rho']:+.2f}, exact p={pval(c['p'])}, n={c['n']}"
-    if c["too_few"]:
-        text += f": too few teachers to tell (smallest possible p {c['smallest_p']:.2f})"
-    return text
+    if t["too_few"]:
+        return text + f": too few teachers to tell (smallest possible p {t['smallest_p']:.3f})"
+    return text + (": a relation" if t["p"] <= 0.05 else ": no evidence of a relation")
 
 
 _LABELS = {
@@ -324,127 +358,41 @@ def _measure(key: str) -> str:
     return f"{_LABELS[y]} vs {_LABELS[x]}"
 
 
-def _ranked(ranking: list[dict[str, Any]]) -> str:
-    """`a 16.0 > b 13.5 = c 13.5`: teachers by post, best first; equal posts (as shown) tie, and
-    `≈` joins a step within the seed-to-seed SD."""
-    shown = [t for t in ranking if not _nan(t["post_acc"])]
-    out = ""
-    for i, t in enumerate(shown):
-        post = pts(t["post_acc"])
-        if i:
-            prev = shown[i - 1]
-            same = post == pts(prev["post_acc"])
-            out += " = " if same else " ≈ " if prev.get("within_seed_noise_of_next") else " > "
-        sd = t.get("seed_sd")
-        out += f"{t['teacher']} {post}" + ("" if _nan(sd) else f" (seed SD {pts(sd)})")
-    return out
-
-
-def _overall_text(regime: str, o: dict[str, Any]) -> str:
-    lines = [
-        f"**{regime}, over all (student, task) groups:** the best teacher by post is the strongest "
-        f"by teacher accuracy in {o['n_best_is_strongest']} of {o['n_best_judged']} groups; "
-        f"in {o['n_separable']} of {o['n_decided']} the data separate the best teacher from every "
-        "other (Holm), so elsewhere that count rests on point estimates. "
-        "Within-group capacity gap (each group's own teachers compared, then combined):"
-    ]
-    for key, w in o["within_group"].items():
-        sp, fe = w["spearman"], w["fixed_effects"]
-        unit = "per point of teacher accuracy" if fe["x"] == "teacher_acc" else "per 10× size"
-        slope = (
-            "n/a"
-            if _nan(fe["slope"])
-            else f"{fe['slope'] if fe['x'] == 'teacher_acc' else 100 * fe['slope']:+.2f}"
-            f"{'' if fe['x'] == 'teacher_acc' else ' pts'} {unit} "
-            f"[{_scaled(fe, 'low')}, {_scaled(fe, 'high')}], p={pval(fe['p'])}"
-        )
-        mean = (
-            "n/a"
-            if _nan(sp["mean_rho"])
-            else f"{sp['mean_rho']:+.2f} [{_f2(sp['low'])}, {_f2(sp['high'])}], "
-            f"sign-flip p={pval(sp['p'])}, {sp['n_groups']} groups with a defined rho"
-        )
-        lines.append(
-            f"- {_measure(key)}: mean within-group Spearman {mean}; slope with group fixed "
-            f"effects {slope}, n={fe['n']} — {_trend_fe(fe)}"
-        )
-    lines.append(
-        "(One Spearman over all (student, task, teacher) points pooled together is not shown: the "
-        "groups' different baselines drive it. analysis.json keeps it as pooled_correlations.)"
-    )
-    return "\n".join(lines)
-
-
-def _f2(x: Any) -> str:
-    return "–" if _nan(x) else f"{x:+.2f}"
-
-
-def _scaled(fe: dict[str, Any], key: str) -> str:
-    return _f2(fe[key] if fe["x"] == "teacher_acc" else 100 * fe[key])
-
-
-def _trend_fe(fe: dict[str, Any]) -> str:
-    if _nan(fe["slope"]):
-        return "not defined (too few points for one intercept per group)"
-    if fe["low"] > 0:
-        return "the CI excludes 0: gain rises with it inside groups"
-    if fe["high"] < 0:
-        return "the CI excludes 0: gain falls as it rises inside groups"
-    return "the CI includes 0: no evidence of a relation inside groups"
-
-
 def _degraded(r: dict[str, Any]) -> str:
     d = r["degraded"]
     if not d["n_cells"]:
-        return "## Degraded cells\n\nNo distilled cell is scored yet."
-    text = (
-        f"## Degraded cells\n\n{d['n_degraded']} of {d['n_cells']} distilled cells "
-        f"({pts(d['share_degraded'])}%) are degraded (gain < 0); {d['n_significant']} "
-        f"({pts(d['share_significant'])}%) significantly (the whole gain CI below 0)."
+        return ""
+    return (
+        f"## Degraded\n\n{d['n_worse']} of {d['n_teachers']} (teacher, group) comparisons find "
+        "the distilled student worse than its baseline (the verdict above). Descriptively, "
+        f"{d['n_degraded']} of {d['n_cells']} single adapters ({pts(d['share_degraded'])}%) "
+        "scored below the baseline; a single adapter's sign is not a finding."
     )
-    rows = [
-        [g["task"], g["student"], g["regime"], _count(g["degraded"], "n_degraded"),
-         _count(g["degraded"], "n_significant")]
-        for g in r["groups"]
-        if g["degraded"]["n_cells"]
-    ]  # fmt: skip
-    header = ["task", "student", "regime", "degraded", "significantly degraded"]
-    return text + "\n\n" + md_table(header, rows)
-
-
-def _count(d: dict[str, Any], key: str) -> str:
-    share = key.replace("n_", "share_")
-    return f"{d[key]} of {d['n_cells']} ({pts(d[share])}%)" if d["n_cells"] else "–"
 
 
 def _delta_large(r: dict[str, Any]) -> str:
     groups = [g for g in r["groups"] if not _nan(g["delta_large"]["delta"])]
     if not groups:
-        return "## ΔLarge vs the baseline\n\nΔLarge needs two teachers of different size (or accuracy) with scored students."
-    rows, lines = [], []
+        return ""
+    rows = []
     for g in groups:
         d = g["delta_large"]
         rows.append(
             [g["task"], g["student"], g["regime"], f"{d['large']} / {d['small']}", spts(d["delta"]),
-             pts(d["post_large"]), pts(d["post_small"]), pts(d["base_acc"]),
-             spts(d["gain_large"]), spts(d["gain_small"]),
-             {True: "agree", False: "disagree", None: "–"}[d["agree"]]]
+             ci(d["low"], d["high"]), WORDS[d["verdict"]], pts(d["base_acc"]),
+             f"{spts(d['gain_large'])} ({WORDS[d['large_vs_base']]})",
+             f"{spts(d['gain_small'])} ({WORDS[d['small_vs_base']]})"]
         )  # fmt: skip
-        lines.append(f"- {_who(g)}: {_story(d)}")
-    agree = sum(o["n_agree"] for o in r["overall"].values())
-    judged = sum(o["n_delta_large"] for o in r["overall"].values())
     by = {_BY[g["delta_large"]["by"]] for g in groups}
-    header = ["task", "student", "regime", "large / small", "ΔLarge", "post large", "post small"]
-    header += ["base", "gain large", "gain small", "stories"]
+    header = ["task", "student", "regime", "large / small", "ΔLarge", "interval", "large vs small"]
+    header += ["base", "gain large (vs base)", "gain small (vs base)"]
     return "\n\n".join(
         [
             "## ΔLarge vs the baseline",
             "ΔLarge = post(largest teacher) − post(smallest teacher), the comparison earlier work "
-            "reported without baselines; here next to the student's own baseline. Large and small "
-            f"by {' / '.join(sorted(by))}.",
+            "reported without baselines; here with the pairwise interval and verdict, next to each "
+            f"teacher's gain over the student's own baseline. Large and small by {' / '.join(sorted(by))}.",
             md_table(header, rows),
-            "\n".join(lines),
-            f"The ΔLarge story and the baseline story agree in {agree} of {judged} groups.",
         ]
     )
 
@@ -453,26 +401,6 @@ _BY = {
     "teacher_size": "parameter count",
     "teacher_acc": "teacher accuracy (a size is missing or sizes are equal)",
 }
-
-
-def _story(d: dict[str, Any]) -> str:
-    if d["preferred"] is None:
-        return f"ΔLarge = 0 prefers neither {d['large']} nor {d['small']}."
-    t = d[d["preferred"]]
-    gain = d[f"gain_{d['preferred']}"]
-    head = f"ΔLarge = {spts(d['delta'])} prefers the {d['preferred']} teacher {t}"
-    if d["agree"] is None:
-        return head + "; its baseline is not scored yet."
-    if d["agree"]:
-        return (
-            head
-            + f", and distilling from it beats the student's own baseline ({spts(gain)}): the stories agree."
-        )
-    return (
-        head + f", but distilling from it does not beat the student's own baseline ({spts(gain)}; "
-        f"the other teacher: {spts(d['gain_' + ('small' if d['preferred'] == 'large' else 'large')])}): "
-        "the stories disagree — neither teacher helps."
-    )
 
 
 def _selection(r: dict[str, Any]) -> str:
@@ -511,14 +439,14 @@ def _budgets(r: dict[str, Any]) -> str:
     if not any(b["align"] != "none" or b["mix"] for b in rows):
         return ""
     table = [
-        [b["task"], b["student"], b["regime"], b["teacher"], b["seed"], b["updates"],
-         b["effective_batch"], b["examples"], b["tokens"],
+        [b["task"], b["student"], b["regime"], b["teacher"], b["trace_seed"], b["seed"],
+         b["updates"], b["effective_batch"], b["examples"], b["tokens"],
          ", ".join(f"{k} {v}" for k, v in b["mix"].items()) if b["mix"] else "",
          pts(b["post_acc"]), spts(b["gain"])]
         for b in rows
     ]  # fmt: skip
-    header = ["task", "student", "regime", "teacher", "seed", "updates", "batch", "examples",
-              "tokens", "realised mix", "post", "gain"]  # fmt: skip
+    header = ["task", "student", "regime", "teacher", "trace seed", "seed", "updates", "batch",
+              "examples", "tokens", "realised mix", "post", "gain"]  # fmt: skip
     text = (
         "## Training budgets\n\n`train.budget.align` trains each adapter for as many optimizer "
         "updates as match its reference (a per_teacher set at the training's batch) in updates, "
@@ -531,10 +459,12 @@ def _budgets(r: dict[str, Any]) -> str:
         if b["regime"] != "mix":
             continue
         for a in rows:
-            same = (a["task"], a["student"], a["seed"]) == (b["task"], b["student"], b["seed"])
+            names = ("task", "student", "trace_seed", "seed")
+            same = all(a[k] == b[k] for k in names)
             if same and a["regime"].startswith("mix@") and b["updates"]:
                 ratios.append(
-                    f"{b['student']} on {b['task']} (seed {b['seed']}): the mix as configured took "
+                    f"{b['student']} on {b['task']} (trace seed {b['trace_seed']}, seed "
+                    f"{b['seed']}): the mix as configured took "
                     f"{b['updates']} update(s), aligned to {a['regime'].split('@')[1]} "
                     f"{a['updates']} (×{a['updates'] / b['updates']:.1f}); post "
                     f"{pts(b['post_acc'])} against {pts(a['post_acc'])}."
@@ -547,7 +477,10 @@ def _regimes(r: dict[str, Any]) -> str:
     if len(c["per_regime"]) < 2:
         return ""
     if not c["n_pairs"]:
-        return "## Regimes\n\nNo (student, task, teacher, seed) is scored in every regime yet."
+        return (
+            "## Regimes\n\nNo (student, task, teacher, trace seed, seed) is scored in every regime "
+            "yet."
+        )
     ref = c["reference"]
     rows = [
         [reg, pts(v["mean_post"]), spts(v["mean_gain"]),
@@ -556,11 +489,10 @@ def _regimes(r: dict[str, Any]) -> str:
         for reg, v in c["per_regime"].items()
     ]  # fmt: skip
     header = ["regime", "mean post", "mean gain", f"post − {ref}", f"wins / ties / losses vs {ref}"]
-    best = c["per_regime"][c["best"]]
     return (
-        f"## Regimes\n\nPaired over the {c['n_pairs']} (student, task, teacher, seed) cells scored "
-        f"in every regime, **{c['best']}** has the highest mean post ({pts(best['mean_post'])}, "
-        f"mean gain {spts(best['mean_gain'])}).\n\n" + md_table(header, rows)
+        f"## Regimes\n\nDescriptive: means over the {c['n_pairs']} (student, task, teacher, trace seed, seed) "
+        "cells scored in every regime, with single-adapter wins, ties and losses against "
+        f"{ref}; no regime is called better here.\n\n" + md_table(header, rows)
     )
 
 
@@ -584,20 +516,25 @@ def _spread(r: dict[str, Any]) -> str:
 def _leaderboard(board: pd.DataFrame) -> str:
     d = board[board["row_type"] == "distilled"]
     rows = [
-        [x.task, x.student, x.regime, x.teacher, x.seed, pts(x.teacher_acc), pts(x.base_acc),
-         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pts(x.seed_sd),
-         _prob(x.p_best), "–" if _nan(x.rank_ci) else x.rank_ci, pval(x.p_holm),
-         _mark(x.degraded, x.gain_ci_high), pts(x.format_fail_rate)]
+        [x.task, x.student, x.regime, x.teacher, _seeds(x), pts(x.teacher_acc), pts(x.base_acc),
+         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high),
+         WORDS.get(x.verdict if isinstance(x.verdict, str) else None), pts(x.format_fail_rate)]
         for x in d.itertuples()
     ]  # fmt: skip
-    header = ["task", "student", "regime", "teacher", "seed", "teacher acc", "base", "post", "gain"]
-    header += ["gain CI", "seed SD", "p_best", "rank CI", "p (Holm)", "degraded", "no answer"]
+    header = ["task", "student", "regime", "teacher", "replicate", "teacher acc", "base", "post"]
+    header += ["adapter gain", "adapter CI (items only)", "teacher verdict", "no answer"]
     return (
-        "## Leaderboard (distilled cells)\n\nAll rows, including teacher and baseline rows, are in "
-        "leaderboard.csv. Degraded: yes* when the whole CI is below 0. Seed SD: post's SD over "
-        "training seeds (– with one seed), the noise floor of every gain and ranking. No answer: % "
-        "of completions the extractor found no answer in.\n\n" + md_table(header, rows)
+        "## Leaderboard (distilled cells)\n\nOne row per trained adapter; all rows, teacher and "
+        "baseline rows included, are in leaderboard.csv. An adapter's gain and CI cover the test "
+        "items only and describe that one adapter; the teacher verdict (the same in every row of "
+        "a teacher) is the group's, over items and replicates. No answer: % of completions the "
+        "extractor found no answer in.\n\n" + md_table(header, rows)
     )
+
+
+def _seeds(x: Any) -> str:
+    trace = getattr(x, "trace_seed", None)
+    return f"{x.seed}" if _nan(trace) else f"traces {trace}, train {x.seed}"
 
 
 def _formats(board: pd.DataFrame) -> str:
@@ -613,23 +550,14 @@ def _formats(board: pd.DataFrame) -> str:
     return "## Answer formats (teachers and baselines)\n\n" + md_table(header, rows)
 
 
-def _prob(p: Any) -> str:
-    return "–" if _nan(p) else f"{p:.2f}"
-
-
-def _mark(degraded: Any, high: Any) -> str:
-    if _nan(degraded):
-        return "–"
-    return ("yes*" if high < 0 else "yes") if degraded else "no"
-
-
 def _figures(figures: list[Path], out: Path) -> str:
     if not figures:
         return ""
     links = [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in figures]
     note = (
-        "Error bars: the 95% joint bootstrap interval over test items (and training seeds); each "
-        "figure is also saved as SVG next to its PNG."
+        "Error bars: each teacher's interval over test items and replicates, as in the Answers "
+        "table (gain) or at the same level for its accuracy (post); each figure is also saved as "
+        "SVG next to its PNG."
     )
     return "## Figures\n\n" + note + "\n\n" + "\n\n".join(links)
 
@@ -642,6 +570,7 @@ def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Pat
     capacity gap (gain vs teacher accuracy and vs size). PNG paths (an SVG is saved beside each)."""
     d = board[board["row_type"] == "distilled"]
     points = _points(result)
+    points.to_csv(out / "plot_data.csv", index=False)  # what the plots show, for checks
     paths = []
     for (task, regime), g in d.groupby(["task", "regime"], sort=False):
         if g["post_acc"].notna().any():
@@ -656,21 +585,24 @@ def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Pat
 
 
 def _points(result: dict[str, Any]) -> pd.DataFrame:
-    """One row per (task, student, regime, teacher) with a comparison: means over seeds and CIs."""
+    """One row per (task, student, regime, teacher) with a decision: the teacher-level numbers
+    the Answers table reads (the plots show nothing the decision does not)."""
     rows = []
     for g in result["groups"]:
-        if not g["comparison"]:
+        d = g["decision"]
+        if not d:
             continue
         info = {t["teacher"]: t for t in g["ranking"]}
-        for t in g["comparison"]["teachers"]:
+        for t in d["teachers"]:
             rows.append(
                 {"task": g["task"], "student": g["student"], "regime": g["regime"],
-                 "base_acc": g["comparison"]["base_acc"], **t,
+                 "base_acc": d["base_acc"], **t,
                  "teacher_acc": info[t["teacher"]]["teacher_acc"],
                  "teacher_size": info[t["teacher"]]["teacher_size"]}
             )  # fmt: skip
     columns = ["task", "student", "regime", "teacher", "base_acc", "post_acc", "post_low"]
-    columns += ["post_high", "gain", "gain_low", "gain_high", "teacher_acc", "teacher_size"]
+    columns += ["post_high", "gain", "gain_low", "gain_high", "verdict", "teacher_acc"]
+    columns += ["teacher_size"]
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -682,31 +614,31 @@ def _errors(mid: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
     return 100 * np.vstack([mid - low, high - mid]).clip(min=0)
 
 
+VERDICT_COLORS = {
+    "better": "tab:green",
+    "worse": "tab:red",
+    "equivalent": "tab:gray",
+    "inconclusive": "tab:orange",
+}
+
+
 def gains(p: pd.DataFrame, path: Path, title: str) -> Path:
-    """Gain over the baseline (points) of each teacher, one row per student, with its 95% CI;
-    red where the whole CI is below 0 (significantly degraded)."""
-    students = list(dict.fromkeys(p["student"]))
-    teachers = list(dict.fromkeys(p["teacher"]))
-    fig, ax = plt.subplots(figsize=(6.4, 1.2 + 0.45 * len(p)))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    labels, y = [], 0
-    for student in students:
-        s = (
-            p[p["student"] == student]
-            .set_index("teacher")
-            .reindex(teachers)
-            .dropna(subset=["gain"])
-        )
-        for teacher, row in s.iterrows():
-            color = "tab:red" if row["gain_high"] < 0 else colors[teachers.index(teacher) % 10]
-            ax.errorbar(100 * row["gain"], y, xerr=_errors(row["gain"], row["gain_low"],
-                        row["gain_high"]).reshape(2, 1), fmt="o", color=color, capsize=3)  # fmt: skip
-            labels.append(f"{student} ← {teacher}")
-            y += 1
+    """Each teacher's gain over the student's baseline (points) with the Answers table's
+    interval, one row per (student, teacher), coloured by the verdict against the baseline."""
+    fig, ax = plt.subplots(figsize=(6.4, 1.4 + 0.45 * len(p)))
+    labels, seen = [], set()
+    for y, row in enumerate(p.dropna(subset=["gain"]).itertuples()):
+        color = VERDICT_COLORS.get(row.verdict, "black")
+        label = row.verdict if row.verdict not in seen else None
+        seen.add(row.verdict)
+        ax.errorbar(100 * row.gain, y, xerr=_errors(row.gain, row.gain_low, row.gain_high
+                    ).reshape(2, 1), fmt="o", color=color, capsize=3, label=label)  # fmt: skip
+        labels.append(f"{row.student} ← {row.teacher}")
     ax.axvline(0, color="0.3", lw=1, ls="--")
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("gain over the student's baseline (points, 95% CI)")
+    ax.set_xlabel("gain over the student's baseline (points; interval over items and replicates)")
+    ax.legend(title="vs baseline", fontsize=8, title_fontsize=8, loc="best")
     _title(ax, f"gain by teacher: {title}")
     return _save(fig, path)
 

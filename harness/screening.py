@@ -1,11 +1,11 @@
-"""Screening analysis: the screen cells' signals per (task, student, teacher, regime), the teacher
-ranking they predict, and, where distilled results exist for the same rows, how well they predicted.
+"""Screening analysis: the screen cells' signals per (task, student, teacher, regime, trace draw),
+the teacher ranking they predict, and, where distilled results exist for the same rows, how well they predicted.
 
     cotgap screen configs/sandbox.yaml     # screens, then <results>/<exp>/analysis/screen.csv
     cotgap analyze configs/sandbox.yaml    # screen.csv, a report.md section and screen_vs_gain.png
 
-Validation, within each (task, student, regime) group of teachers with a measured gain (mean over
-seeds): Spearman's rho of each signal (signed so that higher predicts more gain) with the gain, its
+Validation, within each (task, student, regime, trace draw) group of teachers with a measured gain
+(mean over the training seeds of that draw; a screen reads one draw's traces): Spearman's rho of each signal (signed so that higher predicts more gain) with the gain, its
 mean over groups with a percentile bootstrap CI over groups and one over test items (the noise of
 the measured gains; per group too); the top-1 hit rate (the screen's first
 choice is a teacher with the best measured gain) against the chance rate (best teachers / teachers);
@@ -31,12 +31,11 @@ from harness.store import Store, atomic_write_text
 
 SIGNALS = (*SCREEN_SIGNALS, "local_nll")  # local_nll: with screen.local_window only
 DIRECTION = {**SCREEN_DIRECTION, "teacher_acc": 1, "teacher_train_acc": 1, "n_examples": 1}
-GROUP = ["task", "student", "regime"]
+GROUP = ["task", "student", "regime", "trace_seed"]
+ROW = ["task", "student", "teacher", "regime", "trace_seed"]  # one screen cell
 COUNTS = ("n_examples", "n_screened", "n_tokens", "teacher_train_acc")
 COLUMNS = [
-    *GROUP[:2],
-    "teacher",
-    "regime",
+    *ROW,
     *SIGNALS,
     *COUNTS,
     "teacher_acc",
@@ -58,28 +57,21 @@ def screened(exp: Experiment) -> Experiment:
 
 def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per complete screen cell: its signals, the rank its teacher gets within its
-    (task, student, regime) group (1 = the screen's first choice), and from `board` (the
+    (task, student, regime, trace draw) group (1 = the screen's first choice), and from `board` (the
     leaderboard) the measured gain and the teacher's test accuracy where they exist."""
     exp = screened(exp)
     g = grids.expand(exp)
     rows, skipped = [], screened_out(g, store)
-    for (task, student, teacher, regime), cell in g.screens.items():
+    for row, cell in g.screens.items():
         m = store.manifest("screen", cell.key)
         if m is None:
             continue
         s = m["summary"]
-        adapters = [
-            d.adapter.key
-            for r, d in g.distilled.items()
-            if r[:4] == (task, student, teacher, regime)
-        ]
+        adapters = [d.adapter.key for r, d in g.distilled.items() if r[:5] == row]
         train_s = [(store.manifest("adapter", k) or {}).get("wall_s") for k in adapters]
         rows.append(
             {
-                "task": task,
-                "student": student,
-                "teacher": teacher,
-                "regime": regime,
+                **dict(zip(ROW, row, strict=True)),
                 **{k: s.get(k, np.nan) for k in SIGNALS},
                 **{k: s[k] for k in COUNTS},
                 "train_s": sum(train_s) if train_s and None not in train_s else np.nan,
@@ -103,10 +95,10 @@ def _join_board(tbl: pd.DataFrame, board: pd.DataFrame | None) -> pd.DataFrame:
     if board is None or board.empty:
         return tbl.assign(teacher_acc=np.nan, gain=np.nan)
     teachers = board[board["row_type"] == "teacher"][["task", "teacher", "teacher_acc"]]
-    dist = board[board["row_type"] == "distilled"]
-    gains = dist.groupby([*GROUP[:2], "teacher", "regime"], as_index=False)["gain"].mean()
+    dist = board[board["row_type"] == "distilled"].astype({"trace_seed": "int64"})
+    gains = dist.groupby(ROW, as_index=False)["gain"].mean()
     tbl = tbl.merge(teachers, on=["task", "teacher"], how="left")
-    return tbl.merge(gains, on=[*GROUP[:2], "teacher", "regime"], how="left")
+    return tbl.merge(gains, on=ROW, how="left")
 
 
 def _rank(tbl: pd.DataFrame, signal: str) -> pd.Series:
@@ -137,7 +129,8 @@ def validate(
     posts: dict[tuple, dict[Any, float]] | None = None,
 ) -> dict[str, Any] | None:
     """How well each signal predicted the measured gains (module docstring); None without gains.
-    `posts`: each row's (task, student, teacher, regime) test-item correctness (mean over seeds),
+    `posts`: each row's (task, student, teacher, regime, trace draw) test-item correctness (mean
+    over training seeds),
     for CIs that resample test items; without it only the CI over groups is given."""
     groups = [g for _, g in tbl.groupby(GROUP, sort=False) if g["gain"].notna().sum() >= 2]
     groups = [g[g["gain"].notna()] for g in groups]
@@ -200,7 +193,7 @@ def _item_bootstrap(
     rng, tail = np.random.default_rng(a.seed), 100 * (1 - a.ci) / 2
     per_group, boots = [], []
     for g in groups:
-        rows = [tuple(r) for r in g[["task", "student", "teacher", "regime"]].to_numpy()]
+        rows = [tuple(r) for r in g[ROW].itertuples(index=False, name=None)]
         items = sorted(set.intersection(*(set(posts.get(r, {})) for r in rows)), key=str)
         score = _score(g, predictor)
         if not items or np.isnan(score).any() or np.ptp(score) == 0:
@@ -314,15 +307,15 @@ def write(out: Path, exp: Experiment, store: Store, board: pd.DataFrame | None) 
 
 
 def _posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict:
-    """(task, student, teacher, regime) -> test item -> correct, the mean over seeds, from the
-    distilled rows' eval cells (read as the leaderboard reads them)."""
+    """(task, student, teacher, regime, trace draw) -> test item -> correct, the mean over
+    training seeds, from the distilled rows' eval cells (read as the leaderboard reads them)."""
     from harness import analyze
 
     if board is None or board.empty:
         return {}
     reader, out = analyze._Reader(store, exp.data_dir), {}
     dist = board[board["row_type"] == "distilled"]
-    for row, g in dist.groupby(["task", "student", "teacher", "regime"], sort=False):
+    for row, g in dist.groupby(ROW, sort=False):
         evals = [reader.eval(k) for k in g["eval_key"]]
         evals = [e.correct for e in evals if e is not None]
         if evals:
@@ -332,7 +325,8 @@ def _posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict:
 
 
 def plot(tbl: pd.DataFrame, path: Path, signal: str) -> Path:
-    """The screen's signal against the measured gain, one panel per (task, student, regime)."""
+    """The screen's signal against the measured gain, one panel per (task, student, regime,
+    trace draw)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -376,7 +370,7 @@ def section(result: dict | None) -> str:
         return "\n".join(lines)
     lines += [
         "",
-        f"Over {v['n_groups']} (task, student, regime) groups ({v['n_rows']} rows); rho signed "
+        f"Over {v['n_groups']} (task, student, regime, trace draw) groups ({v['n_rows']} rows); rho signed "
         "so that > 0 means the predicted direction held; CIs: percentile bootstrap over groups, "
         "and over test items (each group's items resampled; the mean over the groups where a "
         "resample defines rho).",

@@ -6,9 +6,9 @@ provenance logged to MLflow (a local file store, no server) and/or W&B in offlin
     cotgap analyze configs/sandbox.yaml   # logs after the analysis (so does `cotgap run`)
 
 MLflow: one run per complete cell, named by its label and tagged with its kind, key, names
-(task, model, teacher, regime, seed), git commit and package versions; params are its resolved
-config (config.yaml, flattened); metrics the numbers of its manifest summary, and for a distilled
-eval its leaderboard row (gain, CI, McNemar p). A cell is immutable, so a cell already logged
+(task, model, teacher, regime, trace_seed, seed), git commit and package versions; params are its
+resolved config (config.yaml, flattened); metrics the numbers of its manifest summary, and for a
+distilled eval its leaderboard row (gain, CI, McNemar p). A cell is immutable, so a cell already logged
 (its key in the `cotgap.key` tag) is not logged again. W&B: one offline run per call, holding
 the cells table and the leaderboard; `wandb sync <dir>` uploads it later.
 """
@@ -29,7 +29,7 @@ from harness.config import Experiment
 from harness.errors import UserError
 from harness.store import Store
 
-_NAMES = ("task", "model", "role", "teacher", "regime", "seed")
+_NAMES = ("task", "model", "role", "teacher", "regime", "trace_seed", "seed")
 _BOARD_METRICS = ("gain", "gain_ci_low", "gain_ci_high", "mcnemar_p", "base_acc", "post_acc")
 
 

@@ -220,7 +220,8 @@ def build(root: Path, data_dir: str | None = None) -> str:
         return name
 
     def training_block(dataset_key: str | None, post: dict) -> str | None:
-        """One block per training set (every seed's row shares it): its traces by test item."""
+        """One block per training set (every training seed's row of its trace draw shares it):
+        its traces by test item."""
         name = f"d-{dataset_key}"
         if name in blocks:
             return name
@@ -263,6 +264,11 @@ def build(root: Path, data_dir: str | None = None) -> str:
         else:
             blocks[f"f-{stem}"] = _pack(base64.b64encode(png.read_bytes()).decode("ascii"))
         figures.append({"name": stem, "block": f"f-{stem}", "svg": svg.exists()})
+    answers = None
+    if (analysis / "answers.csv").exists():
+        with open(analysis / "answers.csv", newline="", encoding="utf-8") as f:
+            table = list(csv.reader(f))
+        answers = {"columns": table[0], "rows": [[_cell_value(v) for v in r] for r in table[1:]]}
     report = analysis / "report.md"
     if report.exists():
         blocks["report"] = _pack(report.read_text(encoding="utf-8"))
@@ -273,6 +279,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         "built": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "columns": columns,
         "rows": [[_cell_value(v) for v in r] for r in rows],
+        "answers": answers,
         "distilled": {str(k): v for k, v in distilled.items()},
         "figures": figures,
         "report": "report" if "report" in blocks else None,
@@ -347,6 +354,9 @@ pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;margin:2px 0 8px;max-hei
 </style></head><body>
 <h1>cotgap: __TITLE__</h1>
 <p class="note" id="meta"></p>
+<h2>Answers</h2>
+<div class="wrap"><table id="answers"><thead></thead><tbody></tbody></table></div>
+<p class="note">One row per (task, student, regime), from answers.csv: the teacher to distill from, none, or inconclusive, with the quoted teacher's gain and its interval over test items and replicates.</p>
 <h2>Leaderboard</h2>
 <div class="bar" id="filters"></div>
 <div class="wrap"><table id="board"><thead></thead><tbody></tbody></table></div>
@@ -379,17 +389,16 @@ const el = (tag, attrs = {}, ...kids) => {
   return e;
 };
 const COLS = IX.columns, C = Object.fromEntries(COLS.map((c, i) => [c, i]));
-const SHOW = ["row_type","task","student","teacher","regime","seed","teacher_acc","base_acc",
-  "post_acc","gain","gain_ci_low","gain_ci_high","p_holm","p_best","rank_ci","n_test",
-  "n_train_examples","format_fail_rate"].filter(c => c in C);
+const SHOW = ["row_type","task","student","teacher","regime","trace_seed","seed","teacher_acc","base_acc",
+  "post_acc","gain","teacher_gain","teacher_gain_low","teacher_gain_high","verdict","in_best_set",
+  "n_replicates","n_test","n_train_examples","format_fail_rate"].filter(c => c in C);
 const PCT = new Set(["teacher_acc","base_acc","post_acc","gain","gain_ci_low","gain_ci_high",
-  "format_fail_rate","p_best"]);
+  "teacher_gain","teacher_gain_low","teacher_gain_high","format_fail_rate"]);
 const FILTERS = ["row_type","task","student","teacher","regime"];
 const state = {sort: null, desc: false, filter: {}, open: null, flip: "all"};
 function fmt(c, v) {
   if (v === null || v === undefined) return "";
   if (PCT.has(c) && typeof v === "number") return (100 * v).toFixed(1);
-  if (c === "p_holm" && typeof v === "number") return v < 1e-3 ? v.toExponential(1) : v.toFixed(3);
   return typeof v === "number" && !Number.isInteger(v) ? v.toFixed(3) : v;
 }
 function filters() {
@@ -428,7 +437,8 @@ function board() {
 async function openRow(i, flip) {
   state.open = i; state.flip = flip || "all"; board();
   const box = document.getElementById("items"), d = IX.distilled[i], r = IX.rows[i];
-  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]} · seed ${r[C.seed]}`;
+  const draw = C.trace_seed === undefined ? "" : ` · trace seed ${r[C.trace_seed]}`;
+  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw} · seed ${r[C.seed]}`;
   if (d.missing) { box.replaceChildren(el("h2", {}, title), el("p", {}, d.missing)); return; }
   box.replaceChildren(el("h2", {}, title), el("p", {class: "note"}, "loading…"));
   const [base, post] = [await block(d.base), await block(d.post)];
@@ -496,7 +506,18 @@ async function figures() {
 document.getElementById("meta").textContent =
   `${IX.root} · built ${IX.built} · ${IX.rows.length} leaderboard rows` +
   (IX.notes.length ? " · " + IX.notes.join("; ") : "");
-filters(); board(); figures();
+function answers() {
+  const t = document.getElementById("answers"), A = IX.answers;
+  if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
+  const show = ["task","student","regime","answer","distill","teacher","gain","gain_low","gain_high","best_set","n_replicates"];
+  const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
+  t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, c))));
+  for (const r of A.rows)
+    t.tBodies[0].append(el("tr", {}, ...show.map(c => el("td", {},
+      ["gain","gain_low","gain_high"].includes(c) && typeof r[ix[c]] === "number"
+        ? (100 * r[ix[c]]).toFixed(1) : r[ix[c]]))));
+}
+answers(); filters(); board(); figures();
 if (typeof DecompressionStream === "undefined")
   document.getElementById("items").textContent = "This browser cannot decompress the embedded data (no DecompressionStream); open the file in a current Chrome, Firefox or Safari.";
 </script></body></html>

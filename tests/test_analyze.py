@@ -3,9 +3,12 @@
     .venv/bin/pytest tests/test_analyze.py
 
 Cells are written at the keys `grid.expand` gives (local model directories made here, real task
-names), through the real Store API. Gains, McNemar p-values (binomial sums with math.comb), Holm,
-Spearman (hand ranks) and the ΔLarge verdicts are computed independently of harness.stats; the
-report must name whichever teacher the data favour.
+names), through the real Store API. Gains, McNemar p-values (binomial sums with math.comb),
+Bonett-Price intervals of paired differences (scipy's Student t only), Spearman (hand ranks) and
+ΔLarge are computed independently of harness. The main store has one training seed: every group
+is exploratory, and the report must say so rather than name a teacher; the teacher-level verdicts
+are checked with replicates (two seeds and analysis.min_replicates 2 end to end, three replicates
+through `analyze.compare_teachers`).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as sps
 
 from harness import analyze
 from harness import grid as grids
 from harness.cells import Cell
-from harness.config import Experiment
+from harness.config import AnalysisConfig, Experiment
 from harness.errors import UserError
 from harness.store import Store
 
@@ -47,13 +51,14 @@ FLIPS = {
     ("s_b", "intersection"): {"t_small": (1, 0), "t_mid": (2, 2), "t_large": (0, 2)},
 }
 N_EXAMPLES = {"t_small": 40, "t_mid": 70, "t_large": 95}
-OVERALL_PT = (
-    "**per_teacher, over all (student, task) groups:** the best teacher by post is the strongest "
-    "by teacher accuracy"
-)
+# three teachers in a group: teacher-vs-baseline intervals and the three teacher pairs are both
+# Bonferroni-adjusted to 1 - 0.05 / 3
+LEVEL = 1 - 0.05 / 3
+TEACHER_COLUMNS = ["teacher_gain", "teacher_gain_low", "teacher_gain_high", "verdict"]
+TEACHER_COLUMNS += ["in_best_set", "n_replicates"]
 
 
-def _experiment(tmp_path: Path) -> Experiment:
+def _experiment(tmp_path: Path, seeds: tuple[int, ...] = (0,), **analysis: object) -> Experiment:
     def spec(name: str, size: float) -> dict:
         d = tmp_path / "models" / name
         d.mkdir(parents=True, exist_ok=True)
@@ -67,8 +72,12 @@ def _experiment(tmp_path: Path) -> Experiment:
             "teachers": [spec(n, s) for n, s in TEACHERS.items()],
             "students": [spec(n, s) for n, s in STUDENTS.items()],
             "tasks": [TASK, OTHER],
-            "train": {"max_steps": 10, "regimes": ["per_teacher", "intersection"], "seeds": [0]},
-            "analysis": {"bootstrap_samples": 1000, "seed": 3},
+            "train": {
+                "max_steps": 10,
+                "regimes": ["per_teacher", "intersection"],
+                "seeds": list(seeds),
+            },
+            "analysis": {"bootstrap_samples": 1000, "seed": 3, **analysis},
         }
     )
 
@@ -115,6 +124,7 @@ def _write_eval(store: Store, cell: Cell, correct: np.ndarray, ids=IDS) -> None:
 
 
 def _populate(exp: Experiment, store: Store, flips: dict = FLIPS) -> None:
+    """Every cell of the grid; each training seed of a distilled student gets the same vector."""
     for c in grids.expand(exp):
         role = getattr(c, "role", None)
         if store.complete(c.kind, c.key):  # written by the test itself
@@ -149,13 +159,17 @@ def mcnemar_by_hand(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def holm_by_hand(p: list[float]) -> list[float]:
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    out, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, (len(p) - rank) * p[i])
-        out[i] = min(1.0, running)
-    return out
+def interval_by_hand(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Bonett-Price interval of mean(a) - mean(b) for two paired 0/1 vectors (one replicate each,
+    or identical replicates): one pseudo-item discordant each way, Student's t on n - 1 degrees
+    of freedom, clipped to [-1, 1] and widened to hold the point estimate."""
+    n = len(a)
+    wins, losses = int((a & ~b).sum()), int((~a & b).sum())
+    centre = (wins - losses) / (n + 2)
+    var = ((wins + losses + 2) / (n + 2) - centre**2) / (n + 2)
+    half = float(sps.t.ppf(0.5 + level / 2, n - 1)) * math.sqrt(var)
+    point = (wins - losses) / n
+    return min(max(-1.0, centre - half), point), max(min(1.0, centre + half), point)
 
 
 def ranks(x: list[float]) -> list[float]:
@@ -178,13 +192,18 @@ def expected_rows() -> list[dict]:
         for teacher, (wins, losses) in by_teacher.items():
             base = BASE_CORRECT[student] / N
             post = (BASE_CORRECT[student] + wins - losses) / N
+            low, high = interval_by_hand(_post_vector(student, wins, losses), _base_vector(student))
             rows.append(
                 {"student": student, "regime": regime, "teacher": teacher, "base": base,
-                 "post": post, "gain": post - base, "p": mcnemar_by_hand(wins, losses)}
+                 "post": post, "gain": post - base, "p": mcnemar_by_hand(wins, losses),
+                 "low": low, "high": high}
             )  # fmt: skip
-    for row, q in zip(rows, holm_by_hand([r["p"] for r in rows]), strict=True):
-        row["p_holm"] = q
     return rows
+
+
+def signed(x: float) -> str:
+    """A fraction as signed points, as the report writes it."""
+    return f"{round(100 * x, 1) + 0.0:+.1f}"
 
 
 @pytest.fixture(scope="module")
@@ -208,9 +227,22 @@ def _section(report: str, title: str) -> str:
     return report[start : end if end > 0 else None]
 
 
-def _answer_line(report: str, student: str, regime: str) -> str:
-    lines = _section(report, "Which teacher").splitlines()
+def _answer_row(report: str, student: str, regime: str) -> str:
+    lines = _section(report, "Answers").splitlines()
     return next(x for x in lines if x.startswith(f"| {TASK} | {student} | {regime} |"))
+
+
+def _answer_bullet(report: str, student: str, regime: str) -> str:
+    lines = _section(report, "Answers").splitlines()
+    return next(x for x in lines if x.startswith(f"- {student} on {TASK} ({regime}): "))
+
+
+def _group(result: dict, student: str, regime: str) -> dict:
+    return next(
+        g
+        for g in result["groups"]
+        if (g["task"], g["student"], g["regime"]) == (TASK, student, regime)
+    )
 
 
 # --- the leaderboard -----------------------------------------------------------------------------
@@ -220,6 +252,7 @@ def test_leaderboard_reproduces_hand_numbers(built) -> None:
     exp, _, out, _ = built
     board = _board(out)
     assert list(board.columns) == list(analyze.COLUMNS)
+    assert not {"p_holm", "p_best", "rank_ci"} & set(board.columns)
     per_task = len(TEACHERS) + len(STUDENTS) + len(STUDENTS) * len(TEACHERS) * 2
     assert len(board) == 2 * per_task
     dist = board[(board.row_type == "distilled") & (board.task == TASK)]
@@ -235,15 +268,23 @@ def test_leaderboard_reproduces_hand_numbers(built) -> None:
         assert r.post_acc == pytest.approx(exp_row["post"])
         assert r.gain == pytest.approx(exp_row["gain"])
         assert r.mcnemar_p == pytest.approx(exp_row["p"], rel=1e-9)
-        assert r.p_holm == pytest.approx(exp_row["p_holm"], rel=1e-9)
         assert bool(r.degraded) == (exp_row["gain"] < 0)
-        assert r.n_test == N and r.seed == 0
+        assert r.n_test == N and r.seed == 0 and r.trace_seed == exp.generate.seed
         assert r.teacher_acc == pytest.approx(TEACHER_CORRECT[TASK][r.teacher] / N)
         assert r.teacher_train_acc == pytest.approx(YIELD[r.teacher])
         assert r.n_train_examples == N_EXAMPLES[r.teacher]
         assert r.train_tokens == 30 * N_EXAMPLES[r.teacher]
         assert r.teacher_size == TEACHERS[r.teacher] and r.student_size == STUDENTS[r.student]
         assert r.format_fail_rate == pytest.approx(0.05)
+        # the teacher-level columns: with one replicate the teacher's gain is its one adapter's,
+        # its interval the Bonett-Price one, and no verdict but inconclusive (exploratory)
+        assert r.teacher_gain == pytest.approx(exp_row["gain"])
+        assert r.teacher_gain_low == pytest.approx(exp_row["low"])
+        assert r.teacher_gain_high == pytest.approx(exp_row["high"])
+        assert r.verdict == "inconclusive" and r.n_replicates == 1
+        assert str(r.in_best_set) == "True"  # nothing separates the teachers
+    others = board[board.row_type != "distilled"]
+    assert others[TEACHER_COLUMNS].isna().all().all()
 
 
 def test_gain_ci_is_a_paired_bootstrap_interval(built) -> None:
@@ -256,7 +297,10 @@ def test_gain_ci_is_a_paired_bootstrap_interval(built) -> None:
         normal = 2 * 1.96 * d.std() / math.sqrt(N)  # the width a normal approximation gives
         assert r.gain_ci_high - r.gain_ci_low == pytest.approx(normal, rel=0.5, abs=0.02)
     lost_eight = dist.query("student == 's_a' and regime == 'per_teacher' and teacher == 't_large'")
-    assert lost_eight.gain_ci_high.iloc[0] < 0  # 8 losses, no wins: significantly degraded
+    # 8 losses, no wins: this one adapter's items-only CI is below 0, and so is the teacher's
+    # interval; but one replicate says nothing about what the teacher does: no verdict
+    assert lost_eight.gain_ci_high.iloc[0] < 0 and lost_eight.teacher_gain_high.iloc[0] < 0
+    assert lost_eight.verdict.iloc[0] == "inconclusive"
 
 
 def test_keys_point_at_the_cells_of_the_plan(built) -> None:
@@ -283,6 +327,9 @@ def test_missing_cells_leave_nan_rows_and_a_count(built) -> None:
     assert other.base_acc.notna().all() and other.teacher_acc.notna().all()
     result = json.loads((out / "analysis.json").read_text())
     assert result["missing_cells"] == {"eval": 12, "adapter": 12, "dataset": 12}
+    assert other[TEACHER_COLUMNS].isna().all().all()  # no decision without scored students
+    answers = pd.read_csv(out / "answers.csv")
+    assert set(answers["task"]) == {TASK} and len(answers) == 4
     assert len(logs) == 1 and "36 cell(s)" in logs[0]
     assert "36 cell(s) are not computed yet" in (out / "report.md").read_text()
 
@@ -299,60 +346,103 @@ def test_different_item_ids_are_an_error(tmp_path: Path) -> None:
         analyze.run(exp, store, log=lambda _: None)
 
 
-# --- the capacity-gap analysis -------------------------------------------------------------------
+# --- the groups and the capacity gap -------------------------------------------------------------
 
 
-def _group(result: dict, student: str, regime: str) -> dict:
-    return next(
-        g
-        for g in result["groups"]
-        if (g["task"], g["student"], g["regime"]) == (TASK, student, regime)
-    )
+def _vectors(student: str, regime: str, flips: dict = FLIPS) -> dict[str, np.ndarray]:
+    return {t: _post_vector(student, *wl) for t, wl in flips[student, regime].items()}
 
 
-def test_capacity_gap_numbers(built) -> None:
+def test_group_numbers_by_hand(built) -> None:
     _, _, out, _ = built
     result = json.loads((out / "analysis.json").read_text())
     rows = expected_rows()
     g = _group(result, "s_a", "per_teacher")
+    # the ranking is by mean post, a description; the verdicts and the best set are the decision's
     assert [t["teacher"] for t in g["ranking"]] == ["t_small", "t_mid", "t_large"]
-    assert g["best_teachers"] == ["t_small"] and g["strongest_teachers"] == ["t_large"]
-    assert g["best_is_strongest"] is False
+    assert g["strongest_teachers"] == ["t_large"]
+    assert not {"best_teachers", "best_is_strongest", "verdict", "comparison"} & set(g)
+    d = g["decision"]
+    assert d["exploratory"] and g["answer"] == d["answer"] == "inconclusive"
+    assert d["distill"] == "inconclusive"
+    # one replicate: no pairwise verdict, so every teacher stays in the best set
+    assert d["best_set"] == ["t_small", "t_mid", "t_large"] and g["strongest_in_best_set"] is True
+    assert [(t["verdict"], t["in_best_set"]) for t in g["ranking"]] == [("inconclusive", True)] * 3
+    assert {q["verdict"] for q in d["pairs"]} == {"inconclusive"}
     assert g["degraded"] == {
         "n_cells": 3, "n_degraded": 1, "share_degraded": pytest.approx(1 / 3),
-        "n_significant": 1, "share_significant": pytest.approx(1 / 3),
+        "n_teachers": 3, "n_worse": 0, "worse": [],
     }  # fmt: skip
-    assert _group(result, "s_b", "per_teacher")["best_teachers"] == ["t_mid"]
+    # within-group correlations: gain against each teacher property only, exact, too few points
+    mine = [r for r in rows if (r["student"], r["regime"]) == ("s_a", "per_teacher")]
+    gains = [r["gain"] for r in mine]
+    accs = [TEACHER_CORRECT[TASK][r["teacher"]] / N for r in mine]
+    assert set(g["correlations"]) == {"gain~teacher_acc", "gain~teacher_size", "gain~gap"}
+    c = g["correlations"]["gain~teacher_acc"]
+    assert c["rho"] == pytest.approx(spearman_by_hand(accs, gains))
+    assert c["too_few"] and c["smallest_p"] == pytest.approx(1 / 3)
 
-    # ΔLarge against both gains, and whether the two stories agree, by hand
-    agree = 0
+
+def test_delta_large_carries_the_pairwise_interval_and_verdict(built) -> None:
+    _, _, out, _ = built
+    result = json.loads((out / "analysis.json").read_text())
+    rows = expected_rows()
     for student, regime in FLIPS:
         mine = {r["teacher"]: r for r in rows if (r["student"], r["regime"]) == (student, regime)}
+        v = _vectors(student, regime)
         d = _group(result, student, regime)["delta_large"]
-        delta = mine["t_large"]["post"] - mine["t_small"]["post"]
-        preferred = "t_large" if delta > 0 else "t_small"
         assert (d["large"], d["small"], d["by"]) == ("t_large", "t_small", "teacher_size")
-        assert d["delta"] == pytest.approx(delta)
+        assert d["delta"] == pytest.approx(mine["t_large"]["post"] - mine["t_small"]["post"])
         assert d["gain_large"] == pytest.approx(mine["t_large"]["gain"])
-        assert d["agree"] == (mine[preferred]["gain"] > 0)
-        agree += d["agree"]
-    assert agree == 3  # s_a intersection: the small teacher wins but still loses to the baseline
+        assert d["gain_small"] == pytest.approx(mine["t_small"]["gain"])
+        # oriented large - small, whichever order the group's pair was stored in
+        low, high = interval_by_hand(v["t_large"], v["t_small"])
+        assert (d["low"], d["high"]) == (pytest.approx(low), pytest.approx(high))
+        # one replicate: inconclusive even where the interval excludes 0 (s_a per_teacher)
+        assert d["verdict"] == d["large_vs_base"] == d["small_vs_base"] == "inconclusive"
+        assert "preferred" not in d and "agree" not in d
+    assert _group(result, "s_a", "per_teacher")["delta_large"]["high"] < 0
 
-    # pooled Spearman of post vs teacher accuracy and vs the gap, per regime, by hand
+
+def test_overall_and_capacity_gap_numbers(built) -> None:
+    _, _, out, _ = built
+    result = json.loads((out / "analysis.json").read_text())
+    rows = expected_rows()
     for regime in ("per_teacher", "intersection"):
+        o = result["overall"][regime]
+        assert o["n_decided"] == o["n_exploratory"] == 2
+        assert o["answers"] == {"inconclusive": 2} and o["distill"] == {"inconclusive": 2}
+        assert o["n_strongest_in_best_set"] == 2 and "within_group" not in o
         mine = [r for r in rows if r["regime"] == regime]
+        # pooled Spearman of post vs teacher accuracy and vs the gap, by hand (descriptive)
         post = [r["post"] for r in mine]
         acc = [TEACHER_CORRECT[TASK][r["teacher"]] / N for r in mine]
         gap = [a - r["base"] for a, r in zip(acc, mine, strict=True)]
-        c = result["overall"][regime]["pooled_correlations"]
+        c = o["pooled_correlations"]
         assert c["post_acc~teacher_acc"]["rho"] == pytest.approx(spearman_by_hand(acc, post))
         assert c["post_acc~gap"]["rho"] == pytest.approx(spearman_by_hand(gap, post))
         assert c["post_acc~teacher_acc"]["n"] == 6
         assert c["post_acc~gap"]["low"] <= c["post_acc~gap"]["rho"] <= c["post_acc~gap"]["high"]
-
+        # the teacher-level test: the mean of the two students' within-group rhos, with all 3!
+        # orders of the task's teachers as its null: p can never reach 0.05
+        rhos = []
+        for student in STUDENTS:
+            r = [x for x in mine if x["student"] == student]
+            rhos.append(
+                spearman_by_hand([TEACHER_CORRECT[TASK][x["teacher"]] for x in r],
+                                 [x["gain"] for x in r])
+            )  # fmt: skip
+        cg = o["capacity_gap"]
+        t = cg["gain~teacher_acc"]
+        assert t["rho"] == pytest.approx(np.mean(rhos)) and t["n_groups"] == 2
+        assert t["n_permutations"] == 6 and t["too_few"] and t["smallest_p"] > 0.05
+        assert cg["collinear"] is True  # accuracy and size order gsm8k's teachers alike
+        deg = o["degraded"]
+        assert deg["n_cells"] == 6 and deg["n_degraded"] == sum(r["gain"] < 0 for r in mine)
+        assert deg["n_worse"] == 0 and deg["n_teachers"] == 6
     overall = result["degraded"]
     n_deg = sum(r["gain"] < 0 for r in rows)
-    assert (overall["n_cells"], overall["n_degraded"]) == (12, n_deg)
+    assert (overall["n_cells"], overall["n_degraded"], overall["n_worse"]) == (12, n_deg, 0)
 
 
 def test_regimes_and_task_spread(built) -> None:
@@ -361,13 +451,18 @@ def test_regimes_and_task_spread(built) -> None:
     rows = expected_rows()
     comp = result["regimes"]
     assert comp["n_pairs"] == 6 and comp["reference"] == "per_teacher"
-    means = {
-        reg: np.mean([r["post"] for r in rows if r["regime"] == reg])
-        for reg in ("per_teacher", "intersection")
-    }
-    for reg, m in means.items():
+    assert "best" not in comp  # a description: no regime is called best
+    post = {(r["regime"], r["student"], r["teacher"]): r["post"] for r in rows}
+    for reg in ("per_teacher", "intersection"):
+        m = np.mean([r["post"] for r in rows if r["regime"] == reg])
         assert comp["per_regime"][reg]["mean_post"] == pytest.approx(m)
-    assert comp["best"] == max(means, key=means.get)
+    diffs = [
+        post["intersection", s, t] - post["per_teacher", s, t] for s in STUDENTS for t in TEACHERS
+    ]
+    inter = comp["per_regime"]["intersection"]
+    assert inter["mean_diff_post"] == pytest.approx(np.mean(diffs))
+    won = sum(x > 1e-12 for x in diffs), sum(abs(x) <= 1e-12 for x in diffs)
+    assert (inter["wins"], inter["ties"], inter["losses"]) == (*won, 6 - sum(won))
 
     board = _board(out)
     assert [t["task"] for t in result["task_spread"]] == [TASK, OTHER]
@@ -381,24 +476,57 @@ def test_regimes_and_task_spread(built) -> None:
 # --- the report ----------------------------------------------------------------------------------
 
 
+def _largest_gain(student: str, regime: str) -> dict:
+    mine = [r for r in expected_rows() if (r["student"], r["regime"]) == (student, regime)]
+    return max(mine, key=lambda r: r["gain"])
+
+
 def test_report_states_what_the_data_say(built) -> None:
+    """One training seed: every group is exploratory, and the report says so instead of naming
+    a teacher, though one adapter's items-only CI is far from 0."""
     _, _, out, _ = built
     report = (out / "report.md").read_text()
-    line = _answer_line(report, "s_a", "per_teacher")
-    assert "| t_small (65.0) | +15.0 | t_large | no |" in line
-    assert "t_small beats the baseline" in line or "distill from t_small" in line
-    assert "no teacher beats the baseline" not in line
-    assert "agree in 3 of 4 groups" in report
-    assert "the stories disagree" in _section(report, "ΔLarge")
+    answers = _section(report, "Answers")
+    assert "Below 3 replicates per teacher nothing is claimed (exploratory)" in answers
+    for student, regime in FLIPS:
+        top = _largest_gain(student, regime)
+        row = _answer_row(report, student, regime)
+        base = f"{100 * BASE_CORRECT[student] / N:.1f}"
+        assert row == (
+            f"| {TASK} | {student} | {regime} | {base} | inconclusive | inconclusive | "
+            f"{top['teacher']} | {signed(top['gain'])} | [{signed(top['low'])}, "
+            f"{signed(top['high'])}] | t_small, t_mid, t_large | 1 |"
+        )
+        bullet = _answer_bullet(report, student, regime)
+        assert "exploratory (1 replicate(s) per teacher; no verdict" in bullet
+        assert f"largest gain {top['teacher']}: gain {signed(top['gain'])} pts, 98.33% CI" in bullet
+    assert "distill from t_" not in report and "p_best" not in report and "Holm" not in report
+
+    evidence = _section(report, "Evidence per group")
+    lost = next(r for r in expected_rows() if (r["student"], r["teacher"], r["regime"]) ==
+                ("s_a", "t_large", "per_teacher"))  # fmt: skip
+    interval = f"[{signed(lost['low'])}, {signed(lost['high'])}]"
+    assert f"| t_large | 10.0 | -40.0 | {interval} | 1 | – | inconclusive | yes |" in evidence
+    n_deg = sum(r["gain"] < 0 for r in expected_rows())
+    degraded = _section(report, "Degraded")
+    assert "0 of 12 (teacher, group) comparisons find the distilled student worse" in degraded
+    assert f"{n_deg} of 12 single adapters" in degraded
+    gap = _section(report, "Capacity gap")
+    assert "the strongest teacher (by accuracy) is in the best set in 2 of 2 groups" in gap
+    assert "too few teachers to tell" in gap and "one relation, not two" in gap
+    assert "a relation" not in gap.replace("one relation", "")
+    v = _vectors("s_a", "per_teacher")
+    low, high = interval_by_hand(v["t_large"], v["t_small"])
+    assert (
+        f"| {TASK} | s_a | per_teacher | t_large / t_small | -55.0 | [{signed(low)}, "
+        f"{signed(high)}] | inconclusive | 50.0 | -40.0 (inconclusive) | +15.0 (inconclusive) |"
+    ) in _section(report, "ΔLarge")
+    regimes = _section(report, "Regimes")
+    assert "no regime is called better here" in regimes and "**" not in regimes
+
     assert "max_steps 10" in report and "effective batch 8" in report and "lr 0.0002" in report
     assert "temperature=0.0" in report  # the eval config is stated
     assert f"1 of 2 tasks are selected: {TASK}" in report
-    n_deg = sum(r["gain"] < 0 for r in expected_rows())
-    assert f"{n_deg} of 12 distilled cells" in _section(report, "Degraded")
-    gap = _section(report, "Capacity gap")
-    assert f"{OVERALL_PT} in 0 of 2 groups" in gap
-    assert "- gain vs teacher accuracy: mean within-group Spearman" in gap
-    assert "slope with group fixed effects" in gap and "- pooled" not in gap
     formats = _section(report, "Answer formats").splitlines()
     board = _board(out)
     for x in board[board["row_type"].isin(["teacher", "baseline"])].itertuples():
@@ -418,24 +546,84 @@ def test_report_states_what_the_data_say(built) -> None:
         assert svg.startswith("<?xml") and "<svg" in svg
 
 
+def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> None:
+    _, _, out, _ = built
+    answers = pd.read_csv(out / "answers.csv")
+    assert list(answers.columns) == list(analyze.ANSWER_COLUMNS)
+    assert sorted(tuple(x) for x in answers[["task", "student", "regime"]].to_numpy()) == sorted(
+        (TASK, s, r) for s, r in FLIPS
+    )
+    report = (out / "report.md").read_text()
+    first_table = next(x for x in report.splitlines() if x.startswith("| "))
+    assert first_table.startswith("| task | student | regime | base | answer | distill? |")
+    for a in answers.itertuples():
+        top = _largest_gain(a.student, a.regime)
+        assert (a.answer, a.distill, a.teacher, a.verdict) == (
+            "inconclusive",
+            "inconclusive",
+            top["teacher"],
+            "inconclusive",
+        )
+        assert (a.gain, a.gain_low, a.gain_high) == pytest.approx(
+            (top["gain"], top["low"], top["high"])
+        )
+        assert a.best_set == "t_small;t_mid;t_large" and a.n_replicates == 1 and a.exploratory
+        assert a.n_items == N and a.level == pytest.approx(LEVEL)
+        assert a.effect_of_interest == pytest.approx(0.03)
+        assert _answer_row(report, a.student, a.regime).startswith(
+            f"| {a.task} | {a.student} | {a.regime} | {100 * a.base_acc:.1f} | {a.answer} | "
+            f"{a.distill} | {a.teacher} | {signed(a.gain)} |"
+        )
+    # the plots draw the teacher-level numbers of the leaderboard, verdicts included
+    plot = pd.read_csv(out / "plot_data.csv")
+    board = _board(out).query("row_type == 'distilled' and task == @TASK")
+    merged = plot.merge(board, on=["task", "student", "regime", "teacher"])
+    assert len(merged) == len(plot) == 12
+    assert merged["gain_x"].to_numpy() == pytest.approx(merged["teacher_gain"].to_numpy())
+    assert merged["gain_low"].to_numpy() == pytest.approx(merged["teacher_gain_low"].to_numpy())
+    assert (merged["verdict_x"] == merged["verdict_y"]).all()
+
+
 def test_report_follows_the_data(tmp_path: Path) -> None:
-    """Swap the vectors so the large teacher wins: the report must name it, and nothing stale stays."""
-    exp = _experiment(tmp_path)
+    """Two seeds and analysis.min_replicates 2, and the large teacher wins 8 items and loses none
+    for s_a: it is better than the baseline and than each other teacher, so the report names it;
+    nothing stale stays."""
+    exp = _experiment(tmp_path, seeds=(0, 1), min_replicates=2)
     store = Store(exp.root)
     flips = dict(FLIPS)
-    flips["s_a", "per_teacher"] = {"t_small": (0, 8), "t_mid": (2, 2), "t_large": (4, 1)}
+    flips["s_a", "per_teacher"] = {"t_small": (0, 8), "t_mid": (2, 2), "t_large": (8, 0)}
     _populate(exp, store, flips)
     (store.root / "analysis").mkdir(parents=True)
     (store.root / "analysis" / "stale.png").write_bytes(b"old")
     out = analyze.run(exp, store, log=lambda _: None)
     report = (out / "report.md").read_text()
-    line = _answer_line(report, "s_a", "per_teacher")
-    assert "| t_large (65.0) | +15.0 | t_large | yes |" in line
-    assert "t_large beats the baseline" in line or "distill from t_large" in line
+    v, base = _vectors("s_a", "per_teacher", flips), _base_vector("s_a")
+    # both seeds score the same items: no replicate spread, the interval is Bonett-Price's
+    low, high = interval_by_hand(v["t_large"], base)
+    assert low > 0  # by hand: the rule calls it better
+    for other in ("t_small", "t_mid"):
+        assert interval_by_hand(v["t_large"], v[other])[0] > 0
+    assert _answer_row(report, "s_a", "per_teacher") == (
+        f"| {TASK} | s_a | per_teacher | 50.0 | t_large | yes | t_large | +40.0 | "
+        f"[{signed(low)}, {signed(high)}] | t_large | 2 |"
+    )
+    assert _answer_bullet(report, "s_a", "per_teacher").endswith(
+        f"distill from t_large: gain +40.0 pts, 98.33% CI [{signed(low)}, {signed(high)}]; it is "
+        "the only member of the best set."
+    )
+    assert "exploratory" not in _answer_bullet(report, "s_a", "per_teacher")
+    result = json.loads((out / "analysis.json").read_text())
+    d = _group(result, "s_a", "per_teacher")["decision"]
+    verdicts = {t["teacher"]: t["verdict"] for t in d["teachers"]}
+    assert verdicts["t_large"] == "better" and verdicts["t_small"] == "worse"  # 8 losses
+    assert d["best_set"] == ["t_large"] and d["distill"] == "yes"
+    board = _board(out).query("row_type == 'distilled' and student == 's_a' and task == @TASK")
+    mine = board.query("regime == 'per_teacher'")
+    assert set(mine.loc[mine.teacher == "t_large", "verdict"]) == {"better"}
+    assert mine.in_best_set.astype(str).tolist() == [str(t == "t_large") for t in mine.teacher]
     assert not (out / "stale.png").exists()
     assert not list(store.root.glob(".analysis*"))
-    # per_teacher: now s_a's best teacher is the strongest; s_b's (t_mid) still is not
-    assert f"{OVERALL_PT} in 1 of 2 groups" in _section(report, "Capacity gap")
+    assert "the best set in 2 of 2 groups" in _section(report, "Capacity gap")
 
 
 def test_rebuild_is_deterministic(built) -> None:
@@ -461,122 +649,162 @@ def test_a_damaged_metrics_file_names_itself_and_the_fix(tmp_path):
 # --- decisions: which teacher, how sure --------------------------------------------------------
 
 
-def test_teacher_comparisons_by_hand(built) -> None:
-    _, _, out, _ = built
-    result = json.loads((out / "analysis.json").read_text())
-    g = _group(result, "s_b", "per_teacher")
-    pairs = {(q["a"], q["b"]): q for q in g["comparison"]["pairs"]}
-    # t_mid is right on items 0-11; t_small on 1-7; t_large on 1-8 (see _post_vector)
-    raw = [mcnemar_by_hand(5, 0), mcnemar_by_hand(1, 0), mcnemar_by_hand(0, 4)]
-    keys = [("t_small", "t_mid"), ("t_small", "t_large"), ("t_mid", "t_large")]
-    assert [pairs[k]["p"] for k in keys] == pytest.approx(raw)
-    assert [pairs[k]["p_holm"] for k in keys] == pytest.approx(holm_by_hand(raw))
-    assert pairs["t_small", "t_mid"]["diff"] == pytest.approx(0.25)
-    d = g["decision"]
-    assert d["best"] == "t_mid" and d["p_best"] > 0.8
-    assert d["separable"] is False  # 5 of 5 discordant items: p 0.0625 before Holm
-    # vs the baseline, raw p: t_mid 6-0 = 0.031, but Holm over three teachers lifts it past 0.05
-    assert d["beats_baseline"] == []
-    teachers = {t["teacher"]: t for t in g["comparison"]["teachers"]}
-    assert teachers["t_mid"]["p"] == pytest.approx(mcnemar_by_hand(6, 0))
-    assert sum(t["p_best"] for t in teachers.values()) == pytest.approx(1.0)
-    for t in teachers.values():  # the error bars of the plots
-        assert t["post_low"] <= t["post_acc"] <= t["post_high"]
-        assert t["gain_low"] <= t["gain"] <= t["gain_high"]
-    assert _group(result, "s_a", "per_teacher")["decision"]["worse_than_baseline"] == ["t_large"]
+def _replicates(vectors: list[np.ndarray], trace_seed: int | None = None) -> list:
+    """One teacher's adapters on one trace draw, training seeds 0, 1, ..."""
+    return [analyze.Replicate(trace_seed, seed, np.asarray(v)) for seed, v in enumerate(vectors)]
 
-    board = _board(out)
-    mine = board[(board["row_type"] == "distilled") & (board["student"] == "s_b")]
-    mine = mine[(mine["regime"] == "per_teacher") & (mine["task"] == TASK)].set_index("teacher")
-    assert mine.loc["t_mid", "p_best"] == pytest.approx(teachers["t_mid"]["p_best"])
-    assert mine.loc["t_mid", "rank_ci"] == "1-1"
-    assert mine["seed_sd"].isna().all()  # one seed: no noise floor to show
-    assert board.loc[board["row_type"] != "distilled", "p_best"].isna().all()
 
-    report = (out / "report.md").read_text()
-    line = next(
-        x
-        for x in _section(report, "Which teacher").splitlines()
-        if "- s_b on gsm8k (per_teacher)" in x
+def test_a_clearly_better_teacher_is_the_answer() -> None:
+    a = AnalysisConfig()  # min_replicates 3
+    rng = np.random.default_rng(8)
+    base = rng.random(200) < 0.3
+    strong = [rng.random(200) < 0.65 for _ in range(3)]
+    weak = [rng.random(200) < 0.3 for _ in range(3)]
+    c = analyze.compare_teachers(
+        a, base, {"weak": _replicates(weak), "strong": _replicates(strong)}
     )
-    assert line.startswith("- s_b on gsm8k (per_teacher): t_mid (p_best")
-    assert "is ahead by its point estimate" in line and "no teacher beats the baseline" in line
-    assert "t_small is indistinguishable from t_mid (+25.0 pts" in line
-    assert "too few teachers to tell (smallest possible p 0.33)" in _section(report, "Capacity gap")
+    t = {x["teacher"]: x for x in c["teachers"]}
+    assert t["strong"]["gain"] == pytest.approx(np.mean(strong) - base.mean())
+    assert t["strong"]["n_replicates"] == 3 and not c["exploratory"]
+    assert t["strong"]["verdict"] == "better" and t["weak"]["verdict"] != "better"
+    (pair,) = c["pairs"]
+    assert (pair["a"], pair["b"], pair["verdict"]) == ("weak", "strong", "better")
+    assert pair["diff"] == pytest.approx(np.mean(strong) - np.mean(weak))
+    assert c["best_set"] == ["strong"] and c["answer"] == "strong" and c["distill"] == "yes"
+    assert c["headline"]["teacher"] == "strong"
+    mde = c["mde"]
+    assert mde["replicates"] == 3 and mde["rep_sd_source"] == "measured"
+    assert 0 < mde["gain"] < 1 and 0 < mde["difference"] < 1
+
+    # the same adapters with two replicates each: below analysis.min_replicates, exploratory
+    two = {"weak": _replicates(weak[:2]), "strong": _replicates(strong[:2])}
+    c = analyze.compare_teachers(a, base, two)
+    assert c["exploratory"] and c["answer"] == c["distill"] == "inconclusive"
+    assert {x["verdict"] for x in c["teachers"] + c["pairs"]} == {"inconclusive"}
+    assert c["best_set"] == ["weak", "strong"]
+    # ... unless the config allows two (the smallest minimum it accepts)
+    c = analyze.compare_teachers(AnalysisConfig(min_replicates=2), base, two)
+    assert c["answer"] == "strong"
+    with pytest.raises(ValueError, match="min_replicates"):
+        AnalysisConfig(min_replicates=1)
 
 
-def _synthetic_means(rng: np.random.Generator, groups: int = 12, teachers: int = 4) -> pd.DataFrame:
-    """Groups with different baselines whose stronger teachers come with the higher baseline;
-    inside a group, gain does not depend on the teacher."""
-    level = np.repeat(np.linspace(0.1, 0.7, groups), teachers)
-    acc = level + rng.uniform(0.05, 0.2, level.size)
-    gain = 0.4 * level + rng.normal(0, 0.01, level.size)
-    return pd.DataFrame(
-        {
-            "task": "t",
-            "student": np.repeat([f"s{i}" for i in range(groups)], teachers),
-            "regime": "per_teacher",
-            "teacher": np.tile([f"t{i}" for i in range(teachers)], groups),
-            "teacher_acc": acc,
-            "teacher_size": 1e8 * 10 ** (acc * 3),  # size follows accuracy
-            "base_acc": level,
-            "gain": gain,
-            "post_acc": level + gain,
-            "gap": acc - level,
-        }
+def test_equal_teachers_give_no_better_and_hand_intervals() -> None:
+    """Two teachers whose three replicates all score the same items: no replicate spread, so each
+    gain interval is Bonett-Price's at 1 - 0.05/2, and the pair is equivalent, never better."""
+    rng = np.random.default_rng(9)
+    base = rng.random(200) < 0.3
+    post = rng.random(200) < 0.6
+    c = analyze.compare_teachers(
+        AnalysisConfig(), base, {"ta": _replicates([post] * 3), "tb": _replicates([post] * 3)}
     )
+    low, high = interval_by_hand(post, base, 1 - 0.05 / 2)
+    for t in c["teachers"]:
+        assert (t["gain_low"], t["gain_high"]) == (pytest.approx(low), pytest.approx(high))
+        assert t["verdict"] == "better" and t["rep_sd"] == 0
+    (pair,) = c["pairs"]
+    assert pair["diff"] == 0 and pair["verdict"] == "equivalent"
+    assert c["best_set"] == ["ta", "tb"]
+    # distilling helps, but which teacher is best the data cannot tell
+    assert c["answer"] == "inconclusive" and c["distill"] == "yes"
+
+    # equal in truth, replicates drawn independently: still no teacher better than the other
+    same = {k: _replicates([rng.random(200) < 0.6 for _ in range(3)]) for k in ("tc", "td")}
+    c = analyze.compare_teachers(AnalysisConfig(), base, same)
+    assert c["pairs"][0]["verdict"] not in ("better", "worse")
+    assert c["best_set"] == ["tc", "td"] and c["answer"] == "inconclusive"
 
 
-def test_within_group_statistics_ignore_a_planted_confounder() -> None:
-    a = Experiment.model_fields["analysis"].default
-    means = _synthetic_means(np.random.default_rng(1))
+def test_replicates_that_disagree_widen_the_interval() -> None:
+    rng = np.random.default_rng(2)
+    base = rng.random(300) < 0.4
+    steady = [rng.random(300) < 0.55 for _ in range(3)]
+    erratic = [rng.random(300) < p for p in (0.35, 0.75, 0.55)]
+    c = analyze.compare_teachers(
+        AnalysisConfig(), base, {"steady": _replicates(steady), "erratic": _replicates(erratic)}
+    )
+    t = {x["teacher"]: x for x in c["teachers"]}
+    # the erratic teacher's replicates disagree by 40 points: its gain interval is much wider
+    width = {k: v["gain_high"] - v["gain_low"] for k, v in t.items()}
+    assert width["erratic"] > 2 * width["steady"]
+    assert t["erratic"]["rep_sd"] > 5 * t["steady"]["rep_sd"]
+    assert t["steady"]["verdict"] == "better" and t["erratic"]["verdict"] == "inconclusive"
+
+
+def test_trace_draws_are_the_replicate_units() -> None:
+    """Two trace draws with two training seeds each: the unit is the draw (its seeds averaged),
+    so four adapters are two replicates, not four."""
+    rng = np.random.default_rng(4)
+    base = rng.random(100) < 0.4
+    reps = [
+        analyze.Replicate(draw, seed, rng.random(100) < 0.6) for draw in (3, 8) for seed in (0, 1)
+    ]
+    c = analyze.compare_teachers(AnalysisConfig(), base, {"t": reps})
+    (t,) = c["teachers"]
+    assert t["n_replicates"] == 2 and t["exploratory"] and c["exploratory"]
+    assert t["post_acc"] == pytest.approx(np.mean([r.correct for r in reps]))
+
+
+# --- the capacity gap at the teacher level ------------------------------------------------------
+
+
+def _confounded_means(rng: np.random.Generator, tasks: int = 6, teachers: int = 4) -> pd.DataFrame:
+    """Tasks of different difficulty: on an easier one the teachers are stronger and every
+    student gains more, but inside a task the gain does not depend on the teacher."""
+    rows = []
+    for c in range(tasks):
+        level = 0.1 + 0.6 * c / (tasks - 1)
+        acc = level + rng.uniform(0.05, 0.2, teachers)
+        for s in ("s0", "s1"):
+            for t in range(teachers):
+                gain = 0.4 * level + rng.normal(0, 0.01)
+                rows.append(
+                    {"task": f"task{c}", "student": s, "regime": "per_teacher",
+                     "teacher": f"t{t}", "teacher_acc": acc[t],
+                     "teacher_size": 1e8 * 10 ** (3 * acc[t]),  # size follows accuracy
+                     "base_acc": level, "gain": gain, "post_acc": level + gain,
+                     "gap": acc[t] - level}
+                )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_capacity_gap_ignores_a_planted_confounder() -> None:
+    a = AnalysisConfig()
+    means = _confounded_means(np.random.default_rng(1))
     pooled = analyze.correlations(a, means)
     assert pooled["gain~teacher_acc"]["p"] < 0.001 and pooled["gain~teacher_acc"]["low"] > 0.5
-    assert pooled["gain~teacher_size"]["p"] < 0.001
-    within = analyze.within_group(a, means)
-    for key in ("gain~teacher_acc", "gain~teacher_size"):
-        assert within[key]["spearman"]["p"] > 0.05, key
-        fe = within[key]["fixed_effects"]
-        assert fe["p"] > 0.05 and fe["low"] < 0 < fe["high"], key
-    # and a real within-group effect is found
-    means["gain"] += 0.5 * means["teacher_acc"]
-    planted = analyze.within_group(a, means)["gain~teacher_acc"]
-    assert planted["fixed_effects"]["low"] > 0.3 and planted["spearman"]["p"] < 0.01
+    gap = analyze.capacity_gap(a, means)
+    assert gap["gain~teacher_acc"]["p"] > 0.05 and gap["gain~teacher_acc"]["n_groups"] == 12
+    assert not gap["gain~teacher_acc"]["too_few"]
+    assert gap["collinear"] is True  # size follows accuracy on every task: one relation
+    # a real within-task relation is found
+    planted = means.assign(gain=means["gain"] + 0.5 * means["teacher_acc"])
+    assert analyze.capacity_gap(a, planted)["gain~teacher_acc"]["p"] < 0.01
+    # sizes unrelated to accuracy: two relations, reported apart
+    shuffled = means.assign(teacher_size=means["teacher"].map({"t0": 3e9, "t1": 1e8,
+                                                                "t2": 7e9, "t3": 1e9}))  # fmt: skip
+    assert analyze.capacity_gap(a, shuffled)["collinear"] is False
 
 
-def test_seeds_give_a_noise_floor_and_enter_the_bootstrap() -> None:
+def test_seed_sd_is_the_noise_floor_of_teacher_means() -> None:
     rows = []
     for teacher, posts in {"ta": (0.50, 0.60), "tb": (0.54, 0.58), "tc": (0.30, 0.31)}.items():
         for seed, post in enumerate(posts):
             rows.append({"task": "t", "student": "s", "regime": "per_teacher", "teacher": teacher,
                          "seed": seed, "post_acc": post, "gain": post - 0.4, "base_acc": 0.4,
                          "teacher_acc": 0.7, "teacher_size": 1e9})  # fmt: skip
-    means = analyze.teacher_means(pd.DataFrame(rows))
-    ranking = analyze._within_noise(
-        means.sort_values("post_acc", ascending=False).to_dict("records")
-    )
-    assert [t["teacher"] for t in ranking] == ["tb", "ta", "tc"]
-    assert ranking[0]["seed_sd"] == pytest.approx(np.std([0.54, 0.58], ddof=1))
-    assert [t["within_seed_noise_of_next"] for t in ranking] == [True, False, None]
-
-    rng = np.random.default_rng(2)
-    base = rng.random(300) < 0.4
-    steady = np.stack([rng.random(300) < 0.55 for _ in range(2)])
-    erratic = np.stack([rng.random(300) < p for p in (0.35, 0.75)])
-    a = Experiment.model_fields["analysis"].default
-    c = analyze.compare_teachers(a, base, {"steady": steady, "erratic": erratic})
-    t = {x["teacher"]: x for x in c["teachers"]}
-    assert t["steady"]["n_seeds"] == 2
-    # the erratic teacher's seeds disagree by 40 points: its gain interval is much wider
-    width = {k: v["gain_high"] - v["gain_low"] for k, v in t.items()}
-    assert width["erratic"] > 2 * width["steady"]
+    means = analyze.teacher_means(pd.DataFrame(rows)).set_index("teacher")
+    assert means.loc["tb", "seed_sd"] == pytest.approx(np.std([0.54, 0.58], ddof=1))
+    assert means.loc["ta", "post_acc"] == pytest.approx(0.55)
+    assert means.loc["tc", "gain"] == pytest.approx(0.305 - 0.4)
+    assert means["n_seeds"].tolist() == [2, 2, 2]
 
 
 def test_two_seeds_end_to_end(tmp_path: Path) -> None:
     """Seed 1 wins two more items than seed 0 for every teacher: seed_sd is 1/sqrt(2) * 2 items,
-    the comparisons average the seeds, and ranking steps within the seed SD are marked."""
-    one = _experiment(tmp_path)
-    exp = one.model_copy(update={"train": one.train.model_copy(update={"seeds": (0, 1)})})
+    the teacher-level columns are the decision on these very vectors, and with two replicates
+    (below analysis.min_replicates 3) every group is exploratory and the report says so."""
+    exp = _experiment(tmp_path, seeds=(0, 1))
     store = Store(exp.root)
     for c in grids.expand(exp):
         if c.kind == "eval" and getattr(c, "role", None) == "distilled" and c.task == TASK:
@@ -587,12 +815,70 @@ def test_two_seeds_end_to_end(tmp_path: Path) -> None:
     board = _board(out)
     dist = board[(board["row_type"] == "distilled") & (board["task"] == TASK)]
     assert dist["seed_sd"].to_numpy() == pytest.approx(np.full(len(dist), np.std([0, 0.1], ddof=1)))
-    result = json.loads((out / "analysis.json").read_text())
-    g = _group(result, "s_b", "per_teacher")
-    t = {x["teacher"]: x for x in g["comparison"]["teachers"]}
-    assert t["t_mid"]["n_seeds"] == 2 and t["t_mid"]["post_acc"] == pytest.approx(0.65)
-    # t_large (45.0) and t_small (40.0) are 5 points apart: within the 7.1-point seed SD
-    ranking = {x["teacher"]: x for x in g["ranking"]}
-    assert ranking["t_large"]["within_seed_noise_of_next"] is True
-    assert ranking["t_mid"]["within_seed_noise_of_next"] is False
-    assert "t_large 45.0 (seed SD 7.1) ≈ t_small 40.0" in (out / "report.md").read_text()
+    assert (dist["n_replicates"] == 2).all() and (dist["verdict"] == "inconclusive").all()
+    base = _base_vector("s_b")
+    reps = {
+        t: _replicates([_post_vector("s_b", won + 2 * s, lost) for s in (0, 1)], exp.generate.seed)
+        for t, (won, lost) in FLIPS["s_b", "per_teacher"].items()
+    }
+    c = analyze.compare_teachers(exp.analysis, base, reps)
+    mine = dist.query("student == 's_b' and regime == 'per_teacher'")
+    for t in c["teachers"]:
+        rows = mine[mine["teacher"] == t["teacher"]]
+        assert rows["teacher_gain"].to_numpy() == pytest.approx([t["gain"]] * 2)
+        assert rows["teacher_gain"].iloc[0] == pytest.approx(rows["gain"].mean())
+        assert rows["teacher_gain_low"].to_numpy() == pytest.approx([t["gain_low"]] * 2)
+        assert rows["teacher_gain_high"].to_numpy() == pytest.approx([t["gain_high"]] * 2)
+    t_mid = next(t for t in c["teachers"] if t["teacher"] == "t_mid")
+    assert t_mid["post_acc"] == pytest.approx(0.65) and t_mid["rep_sd"] > 0
+    report = (out / "report.md").read_text()
+    for student, regime in FLIPS:
+        assert "exploratory (2 replicate(s) per teacher" in _answer_bullet(report, student, regime)
+    assert "distill from t_" not in report
+
+
+def test_trace_draws_are_replicates_of_the_leaderboard_and_the_comparisons(tmp_path: Path) -> None:
+    """Two trace draws paired with two training seeds: every distilled row names its draw, its
+    draw's traces and yield; a teacher row's yield is the mean over its draws; the comparisons
+    read each teacher's replicates as (trace seed, training seed, vector)."""
+    one = _experiment(tmp_path)
+    exp = one.model_copy(
+        update={
+            "generate": one.generate.model_copy(update={"seeds": (3, 8)}),
+            "train": one.train.model_copy(update={"seeds": (0, 1), "replicates": "paired"}),
+        }
+    )
+    store, g = Store(exp.root), grids.expand(exp)
+    for c in g:
+        if c.kind == "traces":  # draw 8 yields 0.1 more
+            _write(store, c, {"yield": YIELD[c.model] + (0.1 if c.trace_seed == 8 else 0.0)})
+        if c.kind == "eval" and getattr(c, "role", None) == "distilled" and c.task == TASK:
+            wins, losses = FLIPS[c.student, c.regime][c.teacher]  # draw 8: two more items won
+            _write_eval(
+                store, c, _post_vector(c.student, wins + (2 if c.trace_seed == 8 else 0), losses)
+            )
+    _populate(exp, store)
+    board, _, _, decisions = analyze.leaderboard(exp, store)
+    dist = board[board["row_type"] == "distilled"]
+    assert len(dist) == 2 * len(one.students) * 2 * len(TEACHERS) * 2  # tasks x ... x replicates
+    assert list(board.columns[board.columns.get_loc("seed") :][:2]) == ["seed", "trace_seed"]
+    assert set(zip(dist["trace_seed"], dist["seed"], strict=True)) == {(3, 0), (8, 1)}
+    for r in dist.itertuples():
+        assert r.traces_key == g.traces[r.task, r.teacher, r.trace_seed].key
+        assert r.teacher_train_acc == pytest.approx(YIELD[r.teacher] + 0.1 * (r.trace_seed == 8))
+    teachers = board[board["row_type"] == "teacher"]
+    assert teachers["teacher_train_acc"].to_numpy() == pytest.approx(
+        [YIELD[t] + 0.05 for t in teachers["teacher"]]
+    )
+    assert teachers["trace_seed"].isna().all()
+    arms = dict(analyze._group_arms(analyze._Reader(store), board))
+    base, reps = arms[TASK, "s_b", "per_teacher"]
+    assert list(base) == list(_base_vector("s_b"))
+    wins, losses = FLIPS["s_b", "per_teacher"]["t_mid"]
+    assert all(isinstance(r, analyze.Replicate) for r in reps["t_mid"])
+    assert [(r.trace_seed, r.train_seed) for r in reps["t_mid"]] == [(3, 0), (8, 1)]
+    assert list(reps["t_mid"][0].correct) == list(_post_vector("s_b", wins, losses))
+    assert list(reps["t_mid"][1].correct) == list(_post_vector("s_b", wins + 2, losses))
+    t = {x["teacher"]: x for x in decisions[TASK, "s_b", "per_teacher"]["teachers"]}
+    # one unit per trace draw
+    assert t["t_mid"]["n_replicates"] == 2 and t["t_mid"]["post_acc"] == pytest.approx(0.65)

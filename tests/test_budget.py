@@ -90,15 +90,15 @@ def test_align_is_one_name_or_a_list(tmp_path):
 def test_grid_has_a_mix_row_and_an_aligned_row_per_regime(tmp_path):
     exp = mix_experiment(tmp_path)
     grid = expand(exp)
-    rows = {(t, r) for (_, _, t, r, _) in grid.distilled}
+    rows = {(t, r) for (_, _, t, r, _, _) in grid.distilled}
     assert rows == {
         ("t-small", "per_teacher"), ("t-large", "per_teacher"), ("mix", "mix"),
         ("t-small", "per_teacher@updates"), ("t-large", "per_teacher@updates"),
         ("mix", "mix@updates"),
     }  # fmt: skip
-    d = {(t, r): row for (_, _, t, r, _), row in grid.distilled.items()}
+    d = {(t, r): row for (_, _, t, r, _, _), row in grid.distilled.items()}
     mix = d["mix", "mix"]
-    traces = {t: grid.traces["sandbox_coin_flip", t].key for t in ("t-small", "t-large")}
+    traces = {t: grid.traces["sandbox_coin_flip", t, 0].key for t in ("t-small", "t-large")}
     assert set(mix.dataset.upstream) == set(traces.values())
     assert sorted(mix.dataset.config["mix"]) == sorted(
         [[traces["t-large"], 1.0], [traces["t-small"], 4.0]]
@@ -124,7 +124,7 @@ def test_budget_regimes_choose_which_regimes_are_also_aligned(tmp_path):
         mix=MIX,
         budget={"align": ["none", "tokens"], "regimes": ["mix"]},
     )
-    rows = {r for (_, _, _, r, _) in expand(exp).distilled}
+    rows = {r for (_, _, _, r, _, _) in expand(exp).distilled}
     assert rows == {"per_teacher", "mix", "mix@tokens"}
     assert regimes.row_regimes(exp.train) == ["per_teacher", "mix", "mix@tokens"]
 
@@ -227,7 +227,7 @@ def test_the_train_stage_counts_each_adapters_budget_from_its_datasets(tmp_path)
             out.finish({"n_examples": len(rows)})
     plans = {
         (t, r): plan_budget(exp, store, row.adapter)
-        for (_, _, t, r, _), row in grid.distilled.items()
+        for (_, _, t, r, _, _), row in grid.distilled.items()
     }
     assert plans["t-small", "per_teacher"]["updates"] == 20  # 40 examples / batch 2
     assert plans["mix", "mix"] == {**plans["mix", "mix"], "updates": 3, "effective_batch": 20}

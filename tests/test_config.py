@@ -130,3 +130,40 @@ def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
     # a merge key's values may be overridden: that is what `<<` is for
     path.write_text("base: &b {n: 1, m: 2}\nuse:\n  <<: *b\n  n: 3\n")
     assert read_yaml(path)["use"] == {"n": 3, "m": 2}
+
+
+def _replicates(tmp_path, generate: dict, train: dict):
+    data = {**MINIMAL, "generate": generate, "train": {**MINIMAL["train"], **train}}
+    return load_experiment(write(tmp_path, data), check_tasks=False)
+
+
+def test_trace_seeds_and_replicates(tmp_path):
+    plain = _replicates(tmp_path, {"seed": 4}, {"seeds": [0, 1]})
+    assert plain.generate.seeds is None and plain.generate.trace_seeds == (4,)
+    assert plain.train.replicates == "crossed" and plain.replicates() == [(4, 0), (4, 1)]
+    crossed = _replicates(tmp_path, {"seeds": [3, 5]}, {"seeds": [0, 1]})
+    assert crossed.replicates() == [(3, 0), (3, 1), (5, 0), (5, 1)]
+    paired = _replicates(tmp_path, {"seeds": [3, 5]}, {"seeds": [0, 1], "replicates": "paired"})
+    assert paired.replicates() == [(3, 0), (5, 1)]
+
+
+@pytest.mark.parametrize(
+    ("generate", "train", "needle"),
+    [
+        ({"seed": 2, "seeds": [0, 1]}, {}, "generate: give seed or seeds, not both"),
+        ({"seeds": [0, 1, 0]}, {}, "generate.seeds: [0] given more than once"),
+        ({"seeds": []}, {}, "generate.seeds: give at least one seed"),
+        ({}, {"seeds": [1, 1]}, "train.seeds: [1] given more than once"),
+        ({}, {"replicates": "nested"}, "train.replicates: Input should be 'crossed' or 'paired'"),
+        (
+            {"seeds": [0, 1]},
+            {"seeds": [0, 1, 2], "replicates": "paired"},
+            "train.replicates: paired trains the k-th trace draw",
+        ),
+        ({}, {"seeds": [0, 1], "replicates": "paired"}, "1 trace draw(s) and 2 training seed(s)"),
+    ],
+)
+def test_replicate_errors_name_the_field_and_the_fix(tmp_path, generate, train, needle):
+    with pytest.raises(UserError) as e:
+        _replicates(tmp_path, generate, train)
+    assert needle in str(e.value) and str(tmp_path / "exp.yaml") in str(e.value)

@@ -104,3 +104,26 @@ def test_cli_export_rewrites_an_earlier_export(exported) -> None:
     assert done.returncode == 0, done.stderr
     assert f"{counts['files']} Parquet files" in done.stdout
     assert not list(out.parent.glob(f".{out.name}.*"))  # no temporary directory left behind
+
+
+def test_file_names_name_the_trace_draw_when_there_are_several(tmp_path: Path) -> None:
+    one = _experiment(tmp_path)
+    plain = [rel for rel, _ in export._files(one, grids.expand(one))]
+    assert not any("_trace" in rel for rel in plain)
+    exp = one.model_copy(
+        update={
+            "generate": one.generate.model_copy(update={"seed": 0, "seeds": (0, 1)}),
+            "train": one.train.model_copy(update={"seeds": (0, 1), "replicates": "paired"}),
+        }
+    )
+    files = export._files(exp, grids.expand(exp))
+    names = [rel for rel, _ in files]
+    assert len(names) == len(set(names)) == 2 * len(plain) - len(exp.teachers) - 1
+    for rel, cell in files:
+        draw = getattr(cell, "trace_seed", None)
+        if cell.kind == "traces" or cell.kind == "dataset":
+            assert rel.endswith(f"_trace{draw}.parquet")
+        elif getattr(cell, "role", None) == "distilled":
+            assert rel.endswith(f"_trace{draw}_seed{cell.seed}.parquet")
+        else:  # teacher evals and baselines are shared by the draws
+            assert "_trace" not in rel

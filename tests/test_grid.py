@@ -13,10 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
-from harness import cells, grid, regimes
+from harness import cells, dataset, grid, plan, regimes
 from harness.cells import PHASES, STAGE_OF_KIND, TRAIN_PACKAGES, Adapter, Dataset, Eval, Traces
-from harness.config import load_experiment
+from harness.config import Experiment, load_experiment
 from harness.sandbox import tasks as sandbox_tasks
 from harness.store import package_versions, vllm_version
 
@@ -87,13 +88,14 @@ def test_expansion_has_every_row_once_with_its_cells(test_grid: tuple) -> None:
     for i, c in enumerate(g.cells):  # every input is in the grid, and earlier
         assert all(position[u] < i for u in c.upstream)
     for row, d in g.distilled.items():
-        task, student, teacher, regime, _ = row
-        assert (d.eval.model, d.eval.teacher, d.eval.regime, d.eval.seed) == row[1:]
+        task, student, teacher, regime, draw, seed = row
+        assert (d.eval.model, d.eval.teacher, d.eval.regime, d.eval.seed) == row[1:4] + (seed,)
+        assert (d.trace_seed, d.train_seed, draw, d.eval.trace_seed) == (0, seed, 0, None)
         assert d.eval.upstream == (d.adapter.key,) and d.adapter.upstream == (d.dataset.key,)
         assert d.baseline is g.baselines[task, student] and d.baseline.upstream == ()
-        every = [g.traces[task, t.name].key for t in exp.teachers]
+        every = [g.traces[task, t.name, draw].key for t in exp.teachers]
         assert d.dataset.upstream == regimes.inputs(regime, d.traces.key, every)
-        assert d.dataset.config["teacher"] == g.traces[task, teacher].key
+        assert d.dataset.config["teacher"] == g.traces[task, teacher, draw].key
         assert (d.baseline.phase, d.dataset.phase, d.adapter.phase, d.eval.phase) == (2, 3, 5, 6)
 
 
@@ -154,3 +156,149 @@ def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
     )
     problems = grid.check(exp.model_copy(update={"teachers": teachers}))
     assert len(problems) == 2 and "nope" in problems[0] and "missing" in problems[1]
+
+
+# --- trace-sampling replicates -------------------------------------------------------------------
+
+
+def replicated(name: str, tmp_path: Path, generate: dict, **train) -> Experiment:
+    """A shipped config with its generate and train sections updated, read as a user's file."""
+    data = yaml.safe_load(CONFIGS[name].read_text())
+    data["generate"] = {k: v for k, v in {**data["generate"], **generate}.items() if v is not None}
+    data["train"] = {**data["train"], **train}
+    data["results_dir"] = str(tmp_path)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_experiment(path)
+
+
+def test_one_trace_draw_at_seed_0_keeps_every_key_of_the_sandbox(tmp_path: Path) -> None:
+    """`generate.seeds: [0]` is today's `seed: 0`: the same cells, configs and keys (and those
+    equal the golden's, written before trace draws existed, in the test above)."""
+    plain = as_json(grid.expand(load_experiment(CONFIGS["sandbox"])))
+    drawn = as_json(grid.expand(replicated("sandbox", tmp_path, {"seed": None, "seeds": [0]})))
+    assert [c["key"] for c in drawn] == [c["key"] for c in plain]
+    assert without_keys(drawn) == without_keys(golden("sandbox")["cells"])
+    assert all("seeds" not in c["config"].get("generate", {}) for c in drawn)
+
+
+def test_a_second_draw_adds_cells_and_keeps_the_first_draws_keys(tmp_path: Path) -> None:
+    """Draw 0 of `seeds: [0, 1]` is the plain grid's; draw 1's traces are those of `seed: 1`."""
+    plain = grid.expand(load_experiment(CONFIGS["test-grid"]))
+    two = grid.expand(replicated("test-grid", tmp_path, {"seed": None, "seeds": [0, 1]}))
+    one = grid.expand(replicated("test-grid", tmp_path, {"seed": 1}))
+    for (task, teacher), c in {(k[0], k[1]): c for k, c in plain.traces.items()}.items():
+        assert two.traces[task, teacher, 0].key == c.key
+        assert two.traces[task, teacher, 1].key == one.traces[task, teacher, 1].key != c.key
+        assert two.traces[task, teacher, 1].config["generate"]["seed"] == 1
+    for (*row, draw, seed), d in two.distilled.items():
+        if draw == 0:
+            p = plain.distilled[(*row, 0, seed)]
+            assert (d.eval.key, d.adapter.key, d.dataset.key) == (
+                p.eval.key,
+                p.adapter.key,
+                p.dataset.key,
+            )
+    assert {c.key for c in plain} <= {c.key for c in two}
+
+
+@pytest.mark.parametrize(
+    ("replicates", "train_seeds", "pairs"),
+    [
+        ("crossed", [0, 1, 2], [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]),
+        ("paired", [5, 7], [(0, 5), (1, 7)]),
+    ],
+)
+def test_crossed_and_paired_replicates_count_their_cells(
+    tmp_path: Path, replicates: str, train_seeds: list[int], pairs: list[tuple[int, int]]
+) -> None:
+    exp = replicated(
+        "test-grid",
+        tmp_path,
+        {"seed": None, "seeds": [0, 1]},
+        seeds=train_seeds,
+        replicates=replicates,
+    )
+    g = grid.expand(exp)
+    n_t, n_r = len(exp.teachers), len(exp.train.regimes)  # one student, one task
+    kinds = [c.kind for c in g.unique()]
+    assert kinds.count("traces") == n_t * 2 and len(g.traces) == n_t * 2
+    assert kinds.count("dataset") == n_r * n_t * 2  # one set per trace draw
+    assert kinds.count("adapter") == len(g.distilled) == n_r * n_t * len(pairs)
+    assert kinds.count("eval") == n_t + 1 + n_r * n_t * len(pairs)
+    for teacher in (t.name for t in exp.teachers):
+        for regime in exp.train.regimes:
+            mine = sorted(r[4:] for r in g.distilled if r[2:4] == (teacher, regime))
+            assert mine == pairs
+    line = (
+        f"replicates per teacher: {len(pairs)} ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
+    )
+    assert plan.replicates_line(exp).startswith(line)
+    for (*_, draw, seed), d in g.distilled.items():
+        assert (d.trace_seed, d.train_seed) == (draw, seed)
+        assert d.dataset.trace_seed == d.adapter.trace_seed == d.eval.trace_seed == draw
+        assert d.eval.label.endswith(f"/trace{draw}/{seed}")
+        assert "replicates" not in d.adapter.config["train"]
+
+
+def test_crossed_and_paired_share_the_keys_of_their_common_replicates(tmp_path: Path) -> None:
+    """train.replicates and generate.seeds reach an adapter only through its dataset's key."""
+    draws = {"seed": None, "seeds": [0, 1]}
+    crossed = grid.expand(replicated("test-grid", tmp_path, draws, seeds=[0, 1]))
+    paired = grid.expand(
+        replicated("test-grid", tmp_path, draws, seeds=[0, 1], replicates="paired")
+    )
+    assert set(paired.distilled) < set(crossed.distilled)
+    for row, d in paired.distilled.items():
+        assert d.adapter.key == crossed.distilled[row].adapter.key
+        assert d.eval.key == crossed.distilled[row].eval.key
+
+
+def test_every_set_reads_only_its_own_draws_traces(tmp_path: Path) -> None:
+    """Intersection, matched and mix sets intersect or match the teachers' traces of the same
+    draw; a budget's reference set is that draw's too."""
+    exp = replicated(
+        "test-grid",
+        tmp_path,
+        {"seed": None, "seeds": [0, 1]},
+        regimes=["per_teacher", "intersection", "matched", "mix"],
+        mix=[{"teacher": "t-small", "weight": 1}, {"teacher": "t-large", "weight": 1}],
+        budget={"align": ["none", "updates"]},
+    )
+    g = grid.expand(exp)
+    by_draw = {draw: {c.key for (_, _, d), c in g.traces.items() if d == draw} for draw in (0, 1)}
+    assert not by_draw[0] & by_draw[1]
+    regimes_seen = set()
+    for (_, _, teacher, _, draw, _), d in g.distilled.items():
+        regimes_seen.add(d.dataset.regime)
+        assert set(d.dataset.upstream) <= by_draw[draw]
+        if d.dataset.regime in ("intersection", "matched", "mix"):
+            assert set(d.dataset.upstream) == by_draw[draw]
+            assert sorted(d.dataset.config["teachers"]) == sorted(by_draw[draw])
+        if d.dataset.regime == "mix":
+            assert {k for k, _ in d.dataset.config["mix"]} == by_draw[draw]
+            names = {g.traces["sandbox_coin_flip", t, draw].key: t for t in ("t-small", "t-large")}
+            assert dataset._teacher_names(exp, d.dataset) == names  # the realised mix's names
+        else:
+            assert d.dataset.config["teacher"] == g.traces["sandbox_coin_flip", teacher, draw].key
+        if len(d.adapter.upstream) == 2:  # aligned: the reference set of the same draw
+            ref = g.by_key()[d.adapter.upstream[1]]
+            assert ref.trace_seed == draw and set(ref.upstream) <= by_draw[draw]
+    assert regimes_seen == {"per_teacher", "intersection", "matched", "mix"}
+
+
+def test_top_k_gates_group_the_teachers_of_one_draw(tmp_path: Path) -> None:
+    exp = replicated(
+        "test-grid",
+        tmp_path,
+        {"seed": None, "seeds": [0, 1]},
+        teachers_per_student="top_k",
+        top_k=1,
+    )
+    g = grid.expand(exp)
+    assert len(g.screens) == 2 * 3 * 2  # teachers x regimes x draws
+    for (*_, draw, _), d in g.distilled.items():
+        gate = g.gates[d.adapter.key]
+        group = {k: s for k, s in g.screens.items() if s.key in gate.group}
+        assert len(group) == 2 and {k[4] for k in group} == {draw}
+        assert {k[3] for k in group} == {d.dataset.regime} and gate.screen in gate.group

