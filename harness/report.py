@@ -575,9 +575,9 @@ def _regimes(r: dict[str, Any]) -> str:
     best = c["per_regime"][c["best"]]
     return (
         f"## Regimes\n\nPaired over the {c['n_pairs']} (student, task, teacher, trace seed, seed) "
-        "cells scored "
-        f"in every regime, **{c['best']}** has the highest mean post ({pts(best['mean_post'])}, "
-        f"mean gain {spts(best['mean_gain'])}).\n\n" + md_table(header, rows)
+        f"cells scored in every regime, **{c['best']}** has the highest mean post "
+        f"({pts(best['mean_post'])}, mean gain {spts(best['mean_gain'])}).\n\n"
+        + md_table(header, rows)
     )
 
 
@@ -602,29 +602,21 @@ def _leaderboard(board: pd.DataFrame) -> str:
     d = board[board["row_type"] == "distilled"]
     rows = [
         [x.task, x.student, x.regime, x.teacher, x.trace_seed, x.seed, pts(x.teacher_acc),
-         pts(x.base_acc),
-         pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high), pts(x.seed_sd),
+         pts(x.base_acc), pts(x.post_acc), spts(x.gain), ci(x.gain_ci_low, x.gain_ci_high),
+         pts(x.seed_sd),
          _prob(x.p_best), "–" if _nan(x.rank_ci) else x.rank_ci, pval(x.p_holm),
          _mark(x.degraded, x.gain_ci_high), pts(x.format_fail_rate)]
         for x in d.itertuples()
     ]  # fmt: skip
-    header = ["task", "student", "regime", "teacher", "trace seed", "seed", "teacher acc", "base"]
-    header += [
-        "post",
-        "gain",
-        "gain CI",
-        "seed SD",
-        "p_best",
-        "rank CI",
-        "p (Holm)",
-        "degraded",
-        "no answer",
-    ]
+    header = ["task", "student", "regime", "teacher", "trace seed", "seed", "teacher acc", "base",
+              "post", "gain", "gain CI", "seed SD", "p_best", "rank CI", "p (Holm)", "degraded",
+              "no answer"]  # fmt: skip
     return (
         "## Leaderboard (distilled cells)\n\nAll rows, including teacher and baseline rows, are in "
         "leaderboard.csv. Degraded: yes* when the whole CI is below 0. Seed SD: post's SD over "
-        "replicates (trace draws × training seeds; – with one), the noise floor of every gain and ranking. No answer: % "
-        "of completions the extractor found no answer in.\n\n" + md_table(header, rows)
+        "replicates (trace draws × training seeds; – with one), the noise floor of every gain "
+        "and ranking. No answer: % of completions the extractor found no answer in.\n\n"
+        + md_table(header, rows)
     )
 
 

@@ -380,8 +380,8 @@ const el = (tag, attrs = {}, ...kids) => {
   return e;
 };
 const COLS = IX.columns, C = Object.fromEntries(COLS.map((c, i) => [c, i]));
-const SHOW = ["row_type","task","student","teacher","regime","trace_seed","seed","teacher_acc","base_acc",
-  "post_acc","gain","gain_ci_low","gain_ci_high","p_holm","p_best","rank_ci","n_test",
+const SHOW = ["row_type","task","student","teacher","regime","trace_seed","seed","teacher_acc",
+  "base_acc","post_acc","gain","gain_ci_low","gain_ci_high","p_holm","p_best","rank_ci","n_test",
   "n_train_examples","format_fail_rate"].filter(c => c in C);
 const PCT = new Set(["teacher_acc","base_acc","post_acc","gain","gain_ci_low","gain_ci_high",
   "format_fail_rate","p_best"]);
@@ -430,7 +430,8 @@ async function openRow(i, flip) {
   state.open = i; state.flip = flip || "all"; board();
   const box = document.getElementById("items"), d = IX.distilled[i], r = IX.rows[i];
   const draw = C.trace_seed === undefined ? "" : ` · trace seed ${r[C.trace_seed]}`;
-  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw} · seed ${r[C.seed]}`;
+  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw}` +
+    ` · seed ${r[C.seed]}`;
   if (d.missing) { box.replaceChildren(el("h2", {}, title), el("p", {}, d.missing)); return; }
   box.replaceChildren(el("h2", {}, title), el("p", {class: "note"}, "loading…"));
   const [base, post] = [await block(d.base), await block(d.post)];
