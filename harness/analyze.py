@@ -77,8 +77,8 @@ COLUMNS: dict[str, str] = {
     "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "eval_key": "eval cell the row scores",
     "adapter_key": "adapter cell of a distilled row",
-    "traces_key": "traces cell of the row's teacher on this task: a distilled row's own trace draw, "
-    "a teacher row's first",
+    "traces_key": "traces cell of the row's teacher on this task: a distilled row's own trace "
+    "draw, a teacher row's first",
     "baseline_key": "baseline eval cell of the row's student on this task",
     "seed_sd": "SD of post_acc across the replicates (trace draws x training seeds) of this "
     "(task, student, teacher, regime) (empty with one): the replicate-to-replicate noise floor",
@@ -899,9 +899,9 @@ def training_budget(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[
 
 def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
     """Per complete adapter: its regime (with the budget alignment), teacher (or mix), trace draw
-    and training seed, the
-    optimizer updates, effective batch, examples and tokens it trained on, the realised mix of a
-    mix set, and its post accuracy and gain; one row per adapter, in leaderboard order."""
+    and training seed, the optimizer updates, effective batch, examples and tokens it trained on,
+    the realised mix of a mix set, and its post accuracy and gain; one row per adapter, in
+    leaderboard order."""
     out, seen = [], set()
     dist = board[board["row_type"] == "distilled"].dropna(subset=["adapter_key"])
     for r in dist.itertuples():

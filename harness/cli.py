@@ -258,8 +258,13 @@ def _print_summary(leaderboard: Path) -> None:
 
     with open(leaderboard) as f:
         rows = [r for r in csv.DictReader(f) if r["row_type"] == "distilled"]
-    cols = ("task", "student", "teacher", "regime", "teacher acc", "base", "post", "gain [95% CI]")
-    table = Table(*cols, title="distilled students vs their own baselines (accuracy, %)")
+    # several replicates (trace draws, training seeds): each row names its own
+    replicates = {(r.get("trace_seed"), r["seed"]) for r in rows}
+    named = ("replicate",) if len(replicates) > 1 else ()
+    cols = ("task", "student", "teacher", "regime", *named, "teacher acc", "base", "post")
+    table = Table(
+        *cols, "gain [95% CI]", title="distilled students vs their own baselines (accuracy, %)"
+    )
 
     def pct(v: str) -> str:
         return "-" if v in ("", "nan") else f"{100 * float(v):.1f}"
@@ -269,7 +274,8 @@ def _print_summary(leaderboard: Path) -> None:
         if r["degraded"] == "True":
             gain = f"[red]{gain}[/]"
         accs = (pct(r["teacher_acc"]), pct(r["base_acc"]), pct(r["post_acc"]))
-        table.add_row(r["task"], r["student"], r["teacher"], r["regime"], *accs, gain)
+        replicate = (f"trace {r.get('trace_seed')}, seed {r['seed']}",) if named else ()
+        table.add_row(r["task"], r["student"], r["teacher"], r["regime"], *replicate, *accs, gain)
     _console(stderr=False).print(table)
 
 

@@ -3,7 +3,8 @@
     cotgap generate configs/sandbox.yaml [--teacher NAME] [--task NAME]
 
 `run` takes the traces cells of one teacher (every trace draw of it: `generate.seeds`) and runs
-them in one child process with one engine session; each cell samples with its own draw's seed. Each cell's `traces.jsonl` holds one record per sample, in item then sample order.
+them in one child process with one engine session; each cell samples with its own draw's seed.
+Each cell's `traces.jsonl` holds one record per sample, in item then sample order.
 Items are generated in windows of `chunk_seqs` sequences, and within a window a record is
 written as soon as every earlier item of the window is written, so the file on disk is always
 a run of whole items in item order. A killed run keeps those items, regenerates the rest and

@@ -56,9 +56,9 @@ class Distilled:
 @dataclasses.dataclass(frozen=True)
 class Gate:
     """`train.teachers_per_student: top_k`: an adapter is trained only if its dataset's screen
-    (`screen`) is among the `k` best by `signal` of its (task, student, regime) group (`group`,
-    every teacher's screen key of the same trace draw, in grid order). The scheduler waits for the group's screens and
-    skips the others' adapters with the reason; expansion stays pure."""
+    (`screen`) is among the `k` best by `signal` of its (task, student, regime, trace draw) group
+    (`group`, every teacher's screen key of that draw, in grid order). The scheduler waits for the
+    group's screens and skips the others' adapters with the reason; expansion stays pure."""
 
     screen: str
     group: tuple[str, ...]
@@ -141,7 +141,7 @@ def _expand(exp: Experiment) -> Grid:
     ids = model_identities(exp)
     cells: list[Cell] = []
     rows = _Rows()
-    # a trace draw's cells name it only where the experiment has several (generate.seeds)
+    # a trace draw's cells name it (trace_seed) only where the experiment gives generate.seeds
     named = {s: (None if exp.generate.seeds is None else s) for s in exp.generate.trace_seeds}
     for task in (t.name for t in exp.tasks):
         if exp.select is not None:  # phase 0: the teachers on the candidate task

@@ -1,18 +1,20 @@
 """Screening analysis: the screen cells' signals per (task, student, teacher, regime, trace draw),
-the teacher ranking they predict, and, where distilled results exist for the same rows, how well they predicted.
+the teacher ranking they predict, and, where distilled results exist for the same rows, how well
+they predicted.
 
     cotgap screen configs/sandbox.yaml     # screens, then <results>/<exp>/analysis/screen.csv
     cotgap analyze configs/sandbox.yaml    # screen.csv, a report.md section and screen_vs_gain.png
 
 Validation, within each (task, student, regime, trace draw) group of teachers with a measured gain
-(mean over the training seeds of that draw; a screen reads one draw's traces): Spearman's rho of each signal (signed so that higher predicts more gain) with the gain, its
-mean over groups with a percentile bootstrap CI over groups and one over test items (the noise of
-the measured gains; per group too); the top-1 hit rate (the screen's first
-choice is a teacher with the best measured gain) against the chance rate (best teachers / teachers);
-and the "screen, then train only the top k" policy: the share of adapter training time saved and the
-gain lost (best measured gain minus the best gain among the k trained). The directions are fixed
-before looking at any result: lower NLL, rank and RSR, higher top-1/top-5 share predict more gain;
-teacher accuracy, train yield and data count are shown as the naive predictors to beat.
+(mean over the training seeds of that draw; a screen reads one draw's traces): Spearman's rho of
+each signal (signed so that higher predicts more gain) with the gain, its mean over groups with
+a percentile bootstrap CI over groups and one over test items (the noise of the measured gains;
+per group too); the top-1 hit rate (the screen's first choice is a teacher with the best measured
+gain) against the chance rate (best teachers / teachers); and the "screen, then train only the top
+k" policy: the share of adapter training time saved and the gain lost (best measured gain minus
+the best gain among the k trained). The directions are fixed before looking at any result: lower
+NLL, rank and RSR, higher top-1/top-5 share predict more gain; teacher accuracy, train yield and
+data count are shown as the naive predictors to beat.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ def screened(exp: Experiment) -> Experiment:
 
 def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per complete screen cell: its signals, the rank its teacher gets within its
-    (task, student, regime, trace draw) group (1 = the screen's first choice), and from `board` (the
-    leaderboard) the measured gain and the teacher's test accuracy where they exist."""
+    (task, student, regime, trace draw) group (1 = the screen's first choice), and from `board`
+    (the leaderboard) the measured gain and the teacher's test accuracy where they exist."""
     exp = screened(exp)
     g = grids.expand(exp)
     rows, skipped = [], screened_out(g, store)
@@ -130,8 +132,8 @@ def validate(
 ) -> dict[str, Any] | None:
     """How well each signal predicted the measured gains (module docstring); None without gains.
     `posts`: each row's (task, student, teacher, regime, trace draw) test-item correctness (mean
-    over training seeds),
-    for CIs that resample test items; without it only the CI over groups is given."""
+    over training seeds), for CIs that resample test items; without it only the CI over groups is
+    given."""
     groups = [g for _, g in tbl.groupby(GROUP, sort=False) if g["gain"].notna().sum() >= 2]
     groups = [g[g["gain"].notna()] for g in groups]
     if not groups:
@@ -370,10 +372,10 @@ def section(result: dict | None) -> str:
         return "\n".join(lines)
     lines += [
         "",
-        f"Over {v['n_groups']} (task, student, regime, trace draw) groups ({v['n_rows']} rows); rho signed "
-        "so that > 0 means the predicted direction held; CIs: percentile bootstrap over groups, "
-        "and over test items (each group's items resampled; the mean over the groups where a "
-        "resample defines rho).",
+        f"Over {v['n_groups']} (task, student, regime, trace draw) groups ({v['n_rows']} rows); "
+        "rho signed so that > 0 means the predicted direction held; CIs: percentile bootstrap over "
+        "groups, and over test items (each group's items resampled; the mean over the groups "
+        "where a resample defines rho).",
         "",
         "| predictor | mean Spearman rho [CI over groups] | [CI over test items] | groups "
         "| top-1 hit rate | chance |",

@@ -8,8 +8,8 @@ provenance logged to MLflow (a local file store, no server) and/or W&B in offlin
 MLflow: one run per complete cell, named by its label and tagged with its kind, key, names
 (task, model, teacher, regime, trace_seed, seed), git commit and package versions; params are its
 resolved config (config.yaml, flattened); metrics the numbers of its manifest summary, and for a
-distilled eval its leaderboard row (gain, CI, McNemar p). A cell is immutable, so a cell already logged
-(its key in the `cotgap.key` tag) is not logged again. W&B: one offline run per call, holding
+distilled eval its leaderboard row (gain, CI, McNemar p). A cell is immutable, so a cell already
+logged (its key in the `cotgap.key` tag) is not logged again. W&B: one offline run per call, holding
 the cells table and the leaderboard; `wandb sync <dir>` uploads it later.
 """
 

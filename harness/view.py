@@ -438,7 +438,8 @@ async function openRow(i, flip) {
   state.open = i; state.flip = flip || "all"; board();
   const box = document.getElementById("items"), d = IX.distilled[i], r = IX.rows[i];
   const draw = C.trace_seed === undefined ? "" : ` · trace seed ${r[C.trace_seed]}`;
-  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw} · seed ${r[C.seed]}`;
+  const title = `${r[C.task]} · ${r[C.student]} ← ${r[C.teacher]} · ${r[C.regime]}${draw}` +
+    ` · seed ${r[C.seed]}`;
   if (d.missing) { box.replaceChildren(el("h2", {}, title), el("p", {}, d.missing)); return; }
   box.replaceChildren(el("h2", {}, title), el("p", {class: "note"}, "loading…"));
   const [base, post] = [await block(d.base), await block(d.post)];
