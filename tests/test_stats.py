@@ -310,10 +310,9 @@ def test_correlation_length_mismatch(fn):
         fn([1, 2, 3], [1, 2])
 
 
-# --- Holm --------------------------------------------------------------------------------------
+# --- properties of the bootstrap -----------------------------------------------------------------
 
 
-@given(st.lists(st.one_of(st.floats(0, 1), st.just(math.nan)), max_size=30))
 @settings(max_examples=60, deadline=None)
 @given(bool_vectors, st.integers(0, 2**32 - 1))
 def test_accuracy_ci_contains_estimate(correct, seed):
