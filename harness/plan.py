@@ -234,17 +234,18 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     # the rule's replicate unit: a trace draw (its training seeds averaged), else a training seed
     reps = len(draws) if len(draws) > 1 else len(exp.train.seeds)
     m = len(exp.teachers)
-    sd = a.replicate_sd / 100
-    designs: dict[tuple[str, int, float | None], list[str]] = {}
+    prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
+    designs: dict[tuple[str, int, float | None, float], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
         n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
         base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
-        designs.setdefault((task, n, base), []).append(student)
+        sd = measured.get((task, student), math.nan)
+        designs.setdefault((task, n, base, sd), []).append(student)
     lines = [
         f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
-        f"{m} teacher(s), {reps} replicate(s) each, replicate SD {a.replicate_sd:g} pts assumed; "
-        f"effect of interest {effect:g} pts):"
+        f"{m} teacher(s), {reps} replicate(s) each, replicate SD as measured in the last "
+        f"analysis, else {a.replicate_sd:g} pts assumed; effect of interest {effect:g} pts):"
     ]
     if reps < a.min_replicates:
         lines.append(
@@ -253,8 +254,10 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             f"{a.min_replicates} replicates:"
         )
     planned = max(reps, a.min_replicates)
-    for (task, n, base), students in designs.items():
+    for (task, n, base, sd), students in designs.items():
         who = f"  {task} / {', '.join(students)}"
+        sd_text = "assumed" if math.isnan(sd) else "measured"
+        sd = prior if math.isnan(sd) else sd
         if not n:
             lines.append(f"{who}: test-set size unknown; no MDE")
             continue
@@ -265,8 +268,8 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, sims=500
         )
         line = (
-            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}): gain "
-            f"{_pts(gain)}, teacher vs teacher {_pts(diff)}"
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), replicate SD "
+            f"{100 * sd:.1f} pts ({sd_text}): gain {_pts(gain)}, teacher vs teacher {_pts(diff)}"
         )
         if math.isnan(gain) or gain * 100 > effect:
             line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
@@ -274,6 +277,25 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             line += f" ({more})" if more else ""
         lines.append(line)
     return lines
+
+
+def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
+    analysis (teachers with >= 2 replicates, any regime)."""
+    import json
+
+    path = exp.root / "analysis" / "analysis.json"
+    out: dict[tuple[str, str], float] = {}
+    try:
+        groups = json.loads(path.read_text(encoding="utf-8")).get("groups") or []
+    except (OSError, ValueError):
+        return out
+    for g in groups:
+        for t in (g.get("decision") or {}).get("teachers", []):
+            if t.get("n_replicates", 0) >= 2 and t.get("rep_sd") is not None:
+                key = (g["task"], g["student"])
+                out[key] = max(out.get(key, 0.0), float(t["rep_sd"]))
+    return out
 
 
 def _pts(x: float) -> str:
@@ -288,7 +310,7 @@ def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect
         return inference.gain_power(n, base, effect, r, sd, m, alpha, sims=500) >= 0.8
 
     if not reaches(20):
-        return "more test items are needed: 20 replicates do not reach it"
+        return "20 replicates do not reach it at these test items"
     r = next(r for r in (3, 5, 8, 12, 20) if reaches(r))
     return f"{r} replicates would reach it"
 
