@@ -85,9 +85,10 @@ PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
 def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else tasks/ at the repository root."""
+    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else the package's harness/tasks_data/
+    (package data: a wheel ships it, an editable install reads it in place)."""
     env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
+    return Path(env) if env else Path(__file__).resolve().parent / "tasks_data"
 
 
 def task_names() -> list[str]:

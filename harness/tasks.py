@@ -71,6 +71,11 @@ class FileSource(Strict):
     format: Literal["jsonl", "json", "json_examples", "asdiv_xml"]
     splits: dict[SplitName, tuple[str, ...]]
     keep_ids: tuple[str, ...] = Field((), description="files listing the ids to keep, one per line")
+    optional: tuple[str, ...] = Field(
+        (),
+        description="files of `splits` read when the data dir holds them; a split missing one "
+        "is not held to its `sizes`",
+    )
 
 
 class SandboxSource(Strict):
@@ -103,6 +108,9 @@ class Source(Strict):
             raise ValueError("source splits are either train and test, or all (divided by `split`)")
         if self.hub is not None and set(self.hub.splits) != keys:
             raise ValueError("source.hub.splits must name the same splits as source.files.splits")
+        listed = {p for paths in self.files.splits.values() for p in paths}
+        if set(self.files.optional) - listed:
+            raise ValueError("source.files.optional names files that source.files.splits lists")
         return self
 
 
@@ -129,7 +137,9 @@ class Prompt(Strict):
 class FewShotRef(Strict):
     file: str | None = Field(None, description="YAML of exemplars, relative to the tasks dir")
     data_file: str | None = Field(
-        None, description="BBH cot-prompts text file, relative to the data dir"
+        None,
+        description="BBH cot-prompts text file, relative to the data dir; the package ships a "
+        "copy under the tasks dir, read when the data dir has none",
     )
 
     @model_validator(mode="after")
@@ -158,6 +168,9 @@ class TaskSpec(Strict):
     fields: Fields | None = None
     shuffle_choices: bool = False
     split: SplitSpec | None = None
+    train_excludes_test: bool = Field(
+        False, description="train leaves out every question test holds (same text up to spaces)"
+    )
     sizes: dict[SplitName, int] = {}
     exclude: tuple[Exclusion, ...] = Field((), description="rows left out, with the reason")
     prompt: Prompt
@@ -183,6 +196,8 @@ class TaskSpec(Strict):
                 raise ValueError(
                     "split: required when the source has one pool (all), else not allowed"
                 )
+            if pooled and self.train_excludes_test:
+                raise ValueError("train_excludes_test needs a source with train and test splits")
         for key, allowed in [
             ("zero_shot_cot", {"question"}),
             ("few_shot_cot", {"fewshot", "question"}),
@@ -352,6 +367,8 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
         index = 0  # several files in one split continue one numbering
         for rel in files.splits[key]:
             path = data_dir / rel
+            if rel in files.optional and not path.is_file():
+                continue
             try:
                 records = _read_records(path, files.format)
             except FileNotFoundError:
@@ -623,6 +640,8 @@ def load_items(
     kind = "sandbox" if src.sandbox else "files" if root is not None else "hub"
     pooled = src.files is not None and set(src.files.splits) == {"all"}
     keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
+    if spec.train_excludes_test and "train" in keys:
+        keys = ["train", "test"]  # the test questions are needed to leave them out
     rows = _SOURCES[kind](spec, keys, root)
     fields = _SANDBOX_FIELDS if src.sandbox else spec.fields
     if kind == "hub" and src.hub.fields is not None:
@@ -634,13 +653,38 @@ def load_items(
         split_part = "" if pooled else f"{row.split}-"
         items.append(_make_item(spec, fields, row, f"{spec.name}-{split_part}{row.index}"))
     _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
+    if spec.train_excludes_test:
+        items = _without_test_questions(items, [r.split for r in rows], split)
     expected = _sizes(spec)
     if pooled and split != "all":
         _check_size(spec, "all", len(items), expected.get("all"), root)
         train, test = _split_order(items, spec.split)
         items = train if split == "train" else test
-    _check_size(spec, split, len(items), expected.get(split), root)
+    if kind != "files" or not _missing_optional(spec, split, root):
+        _check_size(spec, split, len(items), expected.get(split), root)
     return items[:limit] if limit is not None else items
+
+
+def _without_test_questions(items: list[Item], splits: list[str], wanted: str) -> list[Item]:
+    """The items of split `wanted` (or all), train leaving out every question that test holds."""
+    test = {
+        " ".join(it.question.split()) for it, s in zip(items, splits, strict=True) if s == "test"
+    }
+    kept = []
+    for item, s in zip(items, splits, strict=True):
+        if s == "train" and " ".join(item.question.split()) in test:
+            continue
+        if wanted in ("all", s):
+            kept.append(item)
+    return kept
+
+
+def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
+    """Whether an optional file of `split` is absent from the data dir (its size is then open)."""
+    files = spec.source.files
+    keys = ("train", "test") if split == "all" else (split,)
+    paths = [p for k in keys for p in files.splits.get(k, ()) if p in files.optional]
+    return root is not None and any(not (root / p).is_file() for p in paths)
 
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
@@ -723,18 +767,34 @@ def fewshot_exemplars(
     if ref.file is not None:
         path, kind = tasks_dir() / ref.file, "file"
     else:
-        root = data_dir_or_env(data_dir)
-        if root is None:
-            raise UserError(
-                f"task {spec.name}: few-shot exemplars come from {ref.data_file} under a data dir; "
-                "pass --data-dir DIR (or set COTGAP_DATA_DIR) holding that file."
-            )
-        path, kind = root / ref.data_file, "data_file"
+        path, kind = _prompts_file(ref.data_file, data_dir_or_env(data_dir)), "data_file"
     if not path.is_file():
         raise UserError(
-            f"{path}: no such file; task {spec.name} reads its few-shot exemplars there."
+            f"{path}: no such file; task {spec.name} reads its few-shot exemplars there. Copy the "
+            f"original {ref.file or ref.data_file} there, or reinstall cotgap (it ships them)."
         )
     return _read_fewshot(str(path), kind, path.stat().st_mtime_ns)
+
+
+def _prompts_file(rel: str, root: Path | None) -> Path:
+    """A prompts file named relative to the data dir: the data dir's copy where it holds one, else
+    the copy the package ships under the tasks dir (harness/tasks_data/bbh/cot-prompts: the same
+    bytes as the BBH repository's)."""
+    if root is not None and (root / rel).is_file():
+        return root / rel
+    return tasks_dir() / rel
+
+
+def fewshot_problems(names: Iterable[str], data_dir: str | Path | None) -> list[str]:
+    """Why each of these tasks cannot prompt few-shot here (no exemplars, a prompts file that
+    cannot be found or read); `cotgap validate` reports them before any model starts."""
+    problems = []
+    for name in names:
+        try:
+            fewshot_exemplars(name, data_dir)
+        except UserError as e:
+            problems.append(f"few-shot prompts of task {name}: {e}")
+    return problems
 
 
 def _same_question(item: Item, exemplar_question: str) -> bool:
