@@ -273,9 +273,9 @@ class AnalysisConfig(Strict):
 
 
 class SelectConfig(Strict):
-    """Task pre-selection (Li et al.): before any trace, every teacher is evaluated on each task
-    (`split`, few-shot CoT by default); a task goes on only when the teachers' accuracy spread
-    (max - min, in points) reaches `min_points`. Selecting on the test split reads the items the
+    """Task pre-selection (Kajitsuka, Honda and Takase 2026, arXiv 2604.08880): before any trace,
+    every teacher is evaluated on each task (`split`, few-shot CoT by default); a task goes on only
+    when the teachers' accuracy spread (max - min, in points) reaches `min_points`. Selecting on the test split reads the items the
     study is scored on (a leak): train is the default, and test must be asked for."""
 
     by: Literal["teacher_spread"] = "teacher_spread"
