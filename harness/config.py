@@ -230,6 +230,11 @@ class TrainConfig(Strict):
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="recompute activations in the backward pass: less memory, ~1/3 more compute; "
+        "auto: on for students of 1B parameters or more (a runtime choice: not in the key)",
+    )
 
     @model_validator(mode="after")
     def _one_budget(self) -> TrainConfig:
@@ -346,6 +351,25 @@ class TrackingConfig(Strict):
     wandb: WandbTracking | None = None
 
 
+class Throughput(Strict):
+    """Measured tokens per second per GPU of one model (replaces the estimate in harness/costs.py)."""
+
+    model: str = Field(description="a teacher's or student's name")
+    generate: float | None = Field(None, gt=0, description="generated tokens/s per GPU (vLLM)")
+    train: float | None = Field(None, gt=0, description="trained tokens/s per GPU")
+
+
+class CostConfig(Strict):
+    """What `cotgap plan` prices the run with: the GPUs, and the throughput it assumes
+    (harness/costs.py: FLOPs per token at these utilisations, unless `throughput` names a model)."""
+
+    gpu_memory_gb: float = Field(80, gt=0, description="memory of one GPU")
+    peak_tflops: float = Field(989, gt=0, description="bf16 dense TFLOP/s of one GPU (H100 SXM)")
+    generate_utilisation: float = Field(0.15, gt=0, le=1, description="share of peak, generation")
+    train_utilisation: float = Field(0.35, gt=0, le=1, description="share of peak, training")
+    throughput: tuple[Throughput, ...] = Field((), description="measured figures of some models")
+
+
 class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     results_dir: str = Field("results", description="relative to the experiment YAML file")
@@ -362,6 +386,7 @@ class Experiment(Strict):
     select: SelectConfig | None = None
     screen: ScreenConfig | None = None
     tracking: TrackingConfig = TrackingConfig()
+    costs: CostConfig = CostConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -16,7 +16,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"errors", "stats", "answers", "progress", "regimes", "precision", "sandbox.tokenizer"},
     {"config"},
     {"store"},
-    {"tasks", "models", "gguf", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
+    {"tasks", "models", "gguf", "costs", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
     {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine"},
     {"cells"},
     {"grid", "selection"},
