@@ -50,7 +50,9 @@ class EngineSettings(Strict):
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     dtype: str = "auto"
-    enforce_eager: bool = True
+    enforce_eager: bool | None = Field(
+        None, description="None: CUDA graphs on a GPU (False), eager on a CPU (True)"
+    )
     quantization: str | None = None
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import models
+from harness import devices, models
 from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
 from harness.costs import CHUNK_BYTES, checkpointing
@@ -187,7 +187,7 @@ def _run_workers(commands: list[list[str]], threads: int | None) -> int:
     after we are gone."""
     from harness.progress import Relay
 
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**devices.child_env(), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     with Relay(len(commands)) as relay:  # the workers' bars on our display, on a terminal
         procs = []
         for i, cmd in enumerate(commands):
