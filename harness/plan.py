@@ -153,13 +153,14 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     many), their state, what they ask of a machine, and the work to do."""
     from rich.table import Table
 
-    from harness import progress
+    from harness import devices, progress
     from harness.cells import KINDS, PHASES
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
     todo = missing(store, cells)
     console = progress.console()
+    here = bool(devices.node_gpus())
     title = (
         f"{exp.name}: {'cells' if every_cell or len(cells) <= 200 else 'cell groups'} in run order"
     )
@@ -167,7 +168,9 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         table = Table("#", "phase", "stage", "cell", "key", "state", "needs", title=title)
         for i, c in enumerate(cells, 1):
             state = "to run" if c in todo else "complete"
-            table.add_row(str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c))
+            table.add_row(
+                str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c, here)
+            )
     else:
         table = Table(
             "phase", "stage", "kind", "role", "model", "cells", "to run", "needs", title=title
@@ -181,7 +184,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         for (phase, kind, role, model), group in groups.items():
             n_todo = sum(1 for c in group if c.key in waiting)
             row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
-            table.add_row(*row, _needs(exp, group[0]))
+            table.add_row(*row, _needs(exp, group[0], here))
     console.print(table)
     kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
     counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
@@ -335,7 +338,11 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     return lines
 
 
-def _needs(exp: Experiment, c: Cell) -> str:
+def _needs(exp: Experiment, c: Cell, gpus_here: bool = True) -> str:
+    """What a cell asks of a machine; on one without GPUs, that a GPU machine would be asked."""
     r = c.resources(exp)
     mem = f", {r['memory_gb']:g} GB" if r["memory_gb"] else ""
-    return f"{r['gpus']:g} GPU, {r['cpus']:g} CPU{mem}"
+    gpus = f"{r['gpus']:g} GPU"
+    if r["gpus"] and not gpus_here:
+        gpus = f"CPU here ({gpus} on a GPU machine)"
+    return f"{gpus}, {r['cpus']:g} CPU{mem}"

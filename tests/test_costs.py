@@ -114,6 +114,7 @@ def test_plan_prints_memory_fit_and_gpu_hours_for_the_study(tmp_path):
     assert out.returncode == 0, out.stderr
     text = out.stdout + out.stderr
     assert "this machine: CPU only" in text
+    assert "CPU here (4 GPU on a GPU machine), 8 CPU" in text  # the 72B teacher's cells
     assert "qwen2.5-72b: serve on 4 GPU: weights 145.4 GB" in text
     assert "s-qwen2.5-3b: train lora:" in text and "gradient checkpointing on" in text
     for stage in ("generate", "evaluate", "train", "total"):

@@ -146,3 +146,16 @@ def test_validate_cli_exits_2_on_missing_few_shot_prompts(tmp_path):
     )
     assert out.returncode == 2, out.stderr
     assert "few-shot prompts of task bbh_navigate" in out.stderr
+
+
+def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
+    """Its phase 0 prompts every task few-shot (BBH's cot-prompts, MATH's file), from the hub:
+    every prompt is found in the package."""
+    from harness.config import load_experiment
+
+    monkeypatch.delenv("COTGAP_DATA_DIR", raising=False)
+    monkeypatch.delenv("COTGAP_TASKS_DIR", raising=False)
+    exp = load_experiment(REPO / "configs" / "paper-study.yaml")
+    assert exp.data_dir is None and exp.select.prompt_style == "few_shot_cot"
+    assert grid._fewshot_problems(exp) == []
+    assert len(exp.tasks) == 28
