@@ -54,6 +54,18 @@ def holding() -> bool:
     return _HELD.get() is not None
 
 
+def usable() -> list[str]:
+    """The GPUs this thread's group may use: those it holds, else the node's."""
+    held = _HELD.get()
+    return list(held) if held is not None else node_gpus()
+
+
+def one_each(n: int, gpus: list[str]) -> list[dict[str, str]]:
+    """Environment additions for n workers that share `gpus`: one GPU each, round robin (none
+    when there are no GPUs)."""
+    return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {} for i in range(n)]
+
+
 class Allocator:
     """Hands out the node's GPUs: `acquire(n)` waits until n are free and takes them."""
 

@@ -97,7 +97,8 @@ def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
     On a CPU, students under SMALL_MODEL parameters train one worker per core, one thread each:
     their steps are mostly per-op overhead that a second thread does not share (the demo's 24
     adapters: 66.0 s in one two-thread worker, 29.7 s in two one-thread workers, on 2 cores).
-    Larger students, and every GPU run, train in one worker with every thread. The thread count
+    Larger students train in one worker with every thread; on GPUs, one worker per GPU the
+    group may use (harness/devices.py), each seeing its own. The thread count
     depends on the machine's cores only, never on how many cells are left, so a resumed run trains
     each cell as an uninterrupted one would (an adapter's weights depend on its thread count,
     not on its worker). COTGAP_TRAIN_WORKERS=N sets N workers of cores/N threads (1: torch's
@@ -107,7 +108,9 @@ def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
     if env.isdigit() and int(env) > 0:
         n = int(env)
         return n, (max(1, cores // n) if n > 1 else None)
-    if torch.cuda.is_available() or cores == 1:
+    if torch.cuda.is_available():
+        return max(1, len(devices.usable())), None
+    if cores == 1:
         return 1, None
     sizes = [models.param_count(exp.model(s)) for s in dict.fromkeys(c.student for c in cells)]
     if all(n is not None and n < SMALL_MODEL for n in sizes):
@@ -188,11 +191,16 @@ def _run_workers(commands: list[list[str]], threads: int | None) -> int:
     from harness.progress import Relay
 
     env = {**devices.child_env(), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    # several workers on GPUs: one GPU each (a launch of several processes keeps them all)
+    gpus = devices.one_each(len(commands), devices.usable() if len(commands) > 1 else [])
+    if not torch.cuda.is_available():
+        gpus = [{} for _ in commands]
     with Relay(len(commands)) as relay:  # the workers' bars on our display, on a terminal
         procs = []
         for i, cmd in enumerate(commands):
             out = relay.output(i)
-            procs.append(subprocess.Popen(cmd, env={**env, **relay.env(i)}, stdout=out, stderr=out))
+            child = {**env, **gpus[i], **relay.env(i)}
+            procs.append(subprocess.Popen(cmd, env=child, stdout=out, stderr=out))
             if out is not None:
                 out.close()  # the child holds its own
         try:

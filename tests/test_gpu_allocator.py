@@ -120,3 +120,16 @@ def test_the_allocator_waits_for_free_gpus_and_clamps_large_asks():
     t.join(5)
     assert first == ("0", "1") and len(got) == 1 and len(got[0]) == 1
     assert "CUDA_VISIBLE_DEVICES" not in devices.child_env({})
+
+
+def test_training_workers_get_one_gpu_each(four_gpus):
+    """On GPUs, single-process adapters train in one worker per GPU the group may use: the
+    node's when it runs alone, the ones it holds under the allocator."""
+    assert devices.usable() == ["0", "1", "2", "3"]
+    envs = devices.one_each(3, devices.usable())
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2"]
+    assert devices.one_each(2, []) == [{}, {}]
+    with devices.Allocator(["2", "3"]).hold(2):
+        assert devices.usable() == ["2", "3"]
+        envs = devices.one_each(3, devices.usable())
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3", "2"]
