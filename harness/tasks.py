@@ -1,4 +1,4 @@
-"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/scoring.py).
+"""The task suite: harness/tasks_data/*.yaml -> items and prompts (scoring them: harness/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
@@ -269,7 +269,7 @@ def task_spec(task: TaskSpec | str) -> TaskSpec:
 
 
 def _sizes(spec: TaskSpec) -> dict[str, int]:
-    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    """Items each split has (tasks_data/<name>.yaml `sizes`, or what the sandbox generator makes)."""
     sb = spec.source.sandbox
     return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
@@ -374,7 +374,7 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
             except FileNotFoundError:
                 raise UserError(
                     f"{path}: no such file; task {spec.name} reads {rel} under the data dir {data_dir} "
-                    f"(laid out as ../shared/data; see tasks/{spec.name}.yaml source.files). Copy the "
+                    f"(laid out as ../shared/data; see {tasks_dir() / spec.name}.yaml source.files). Copy the "
                     "original file there, or unset --data-dir / COTGAP_DATA_DIR to load from the hub."
                 ) from None
             if not records:
@@ -480,7 +480,7 @@ def _field(spec: TaskSpec, row: _Row, path: str, what: str) -> Any:
     if value is _MISSING or value is None:
         raise UserError(
             f"{row.where}: field {path!r} ({what}) is missing; task {spec.name} expects it there "
-            f"(tasks/{spec.name}.yaml fields). Is this the right file for the task?"
+            f"({tasks_dir() / spec.name}.yaml fields). Is this the right file for the task?"
         )
     return value
 
@@ -688,7 +688,7 @@ def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
 
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
-    """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
+    """The rows a task leaves out of every split (tasks_data/<name>.yaml `exclude`), with the reason."""
     return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
@@ -707,7 +707,7 @@ def _check_size(
         return
     where = f"the data dir {root}" if root is not None else "the hub"
     raise UserError(
-        f"task {spec.name}: {split} has {n} items from {where}, but tasks/{spec.name}.yaml "
+        f"task {spec.name}: {split} has {n} items from {where}, but {tasks_dir() / spec.name}.yaml "
         f"(version {spec.version}) expects {expected}: this copy of the data differs from the one "
         "the task was written for. Use the original files, or make a new task version."
     )
