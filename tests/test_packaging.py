@@ -159,3 +159,25 @@ def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
     assert exp.data_dir is None and exp.select.prompt_style == "few_shot_cot"
     assert grid._fewshot_problems(exp) == []
     assert len(exp.tasks) == 28
+
+
+def test_phase_0_prompts_bbh_few_shot_from_the_packaged_prompts(shared_data, tmp_path):
+    """The select cells of a study on BBH, with a data dir holding the items only (no
+    cot-prompts): the requests phase 0 sends carry BBH's three packaged exemplars."""
+    from harness.generate import requests
+
+    (tmp_path / "bbh").mkdir()
+    shutil.copy(shared_data / "bbh" / "navigate.json", tmp_path / "bbh")
+    config = _config(tmp_path, "few_shot_cot", ["bbh_navigate"])
+    exp = parse(Experiment, config, "study.yaml")
+    assert grid.check(exp) == []
+    select = [c for c in grid.expand(exp).unique() if getattr(c, "role", None) == "select"]
+    assert select and {c.task for c in select} == {"bbh_navigate"}
+    ev = select[0].eval_config(exp)
+    assert ev.prompt_style == "few_shot_cot"
+    items = tasks.load_items("bbh_navigate", exp.select.split, exp.data_dir, limit=2)
+    sent = requests(tasks.load_task("bbh_navigate"), items, ev, exp.data_dir)
+    _, shots = tasks.fewshot_exemplars("bbh_navigate", None)
+    for request, item in zip(sent, items, strict=True):
+        assert all(f"Q: {q}\nA: {a}" in request.prompt for q, a in shots)
+        assert request.prompt.endswith(f"Q: {item.question}\nA: Let's think step by step.")
