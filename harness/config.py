@@ -282,8 +282,9 @@ class AnalysisConfig(Strict):
 class SelectConfig(Strict):
     """Task pre-selection (Kajitsuka, Honda and Takase 2026, arXiv 2604.08880): before any trace,
     every teacher is evaluated on each task (`split`, few-shot CoT by default); a task goes on only
-    when the teachers' accuracy spread (max - min, in points) reaches `min_points`. Selecting on the test split reads the items the
-    study is scored on (a leak): train is the default, and test must be asked for."""
+    when the teachers' accuracy spread (max - min, in points) reaches `min_points`. Selecting on
+    the test split reads the items the study is scored on (a leak): train is the default, and
+    test must be asked for."""
 
     by: Literal["teacher_spread"] = "teacher_spread"
     prompt_style: PromptStyle = "few_shot_cot"
@@ -416,6 +417,14 @@ class Experiment(Strict):
             raise ValueError(
                 f"train.mix / train.budget.reference: not a teacher: {wrong}; teachers: {teachers}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _cost_models(self) -> Experiment:
+        names = {m.name for m in (*self.teachers, *self.students)}
+        wrong = sorted({t.model for t in self.costs.throughput} - names)
+        if wrong:
+            raise ValueError(f"costs.throughput: not a model of this experiment: {wrong}")
         return self
 
     def model(self, name: str) -> ModelSpec:

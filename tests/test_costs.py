@@ -14,6 +14,7 @@ import yaml
 
 from harness import costs, grid, plan
 from harness.config import Experiment, load_experiment, parse
+from harness.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "configs" / "paper-study.yaml"
@@ -80,6 +81,9 @@ def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
     assert costs.tokens_per_s(measured, measured.model("qwen2.5-7b"), "generate")[1].startswith(
         "measured"
     )
+    data["costs"] = {"throughput": [{"model": "qwen2.5-8b", "generate": 10_000}]}
+    with pytest.raises(UserError, match=r"costs.throughput: not a model .*qwen2.5-8b"):
+        parse(Experiment, data, "x.yaml")
 
 
 def test_the_aligned_mix_is_counted_at_the_batch_it_runs(study):
