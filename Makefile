@@ -17,7 +17,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test test-slow lint bench install clean-results real-models
+.PHONY: demo test test-slow lint bench install clean-results real-models gpu-check
 
 install: $(STAMP)
 
@@ -92,6 +92,13 @@ $(VENV)/.installed-bench-$(EXTRA): $(STAMP)
 
 bench: $(VENV)/.installed-bench-$(EXTRA)
 	$(BIN)/python -m benchmarks
+
+# On one CUDA GPU, offline, without vLLM: the sandbox grid, LoRA and full fine-tuning steps and
+# generation of a random-init Qwen2.5-1.5B-shaped model; tokens/s, MFU, peak memory. It runs on
+# the Python that has torch, transformers, peft and accelerate (GPU machines bring their own).
+GPU_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m benchmarks.gpu_check
 
 clean-results:
 	rm -rf results/sandbox

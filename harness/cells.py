@@ -364,6 +364,7 @@ def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
     # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
     # the key. (checkpoint_every predates this rule and stays in the key.)
     settings.pop("checkpoint_seconds")
+    settings.pop("gradient_checkpointing")  # the same weights, recomputed activations
     for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
         settings.pop(name)
     # which teachers are trained is the grid's choice, not the adapter's: out of the key

@@ -50,7 +50,9 @@ class EngineSettings(Strict):
     max_model_len: int | None = Field(None, gt=0)
     max_num_seqs: int | None = Field(None, gt=0)
     dtype: str = "auto"
-    enforce_eager: bool = True
+    enforce_eager: bool | None = Field(
+        None, description="None: CUDA graphs on a GPU (False), eager on a CPU (True)"
+    )
     quantization: str | None = None
 
 
@@ -85,13 +87,31 @@ PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
 def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else tasks/ at the repository root."""
+    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else the package's harness/tasks_data/
+    (package data: a wheel ships it, an editable install reads it in place)."""
     env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks"
+    return Path(env) if env else Path(__file__).resolve().parent / "tasks_data"
+
+
+def task_dirs() -> list[Path]:
+    """Where task YAMLs are found, in order: the folders of $COTGAP_TASK_PATH (separated like
+    PATH), then the built-in tasks (`tasks_dir()`). A task in an earlier folder shadows one of the
+    same name in a later one."""
+    extra = [Path(p) for p in os.environ.get("COTGAP_TASK_PATH", "").split(os.pathsep) if p]
+    return [*extra, tasks_dir()]
+
+
+def task_file(name: str) -> Path | None:
+    """The YAML of task `name` in the first of `task_dirs()` that holds one."""
+    for d in task_dirs():
+        path = d / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
 
 
 def task_names() -> list[str]:
-    return sorted(p.stem for p in tasks_dir().glob("*.yaml"))
+    return sorted({p.stem for d in task_dirs() for p in d.glob("*.yaml")})
 
 
 def vllm_installed() -> bool:
@@ -270,6 +290,11 @@ class TrainConfig(Strict):
     accelerate_config: str | None = Field(
         None, description="accelerate YAML for multi-process runs"
     )
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="recompute activations in the backward pass: less memory, ~1/3 more compute; "
+        "auto: on for students of 1B parameters or more (a runtime choice: not in the key)",
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -335,10 +360,11 @@ class AnalysisConfig(Strict):
 
 
 class SelectConfig(Strict):
-    """Task pre-selection (Li et al.): before any trace, every teacher is evaluated on each task
-    (`split`, few-shot CoT by default); a task goes on only when the teachers' accuracy spread
-    (max - min, in points) reaches `min_points`. Selecting on the test split reads the items the
-    study is scored on (a leak): train is the default, and test must be asked for."""
+    """Task pre-selection (Kajitsuka, Honda and Takase 2026, arXiv 2604.08880): before any trace,
+    every teacher is evaluated on each task (`split`, few-shot CoT by default); a task goes on only
+    when the teachers' accuracy spread (max - min, in points) reaches `min_points`. Selecting on
+    the test split reads the items the study is scored on (a leak): train is the default, and
+    test must be asked for."""
 
     by: Literal["teacher_spread"] = "teacher_spread"
     prompt_style: PromptStyle = "few_shot_cot"
@@ -408,6 +434,25 @@ class TrackingConfig(Strict):
     wandb: WandbTracking | None = None
 
 
+class Throughput(Strict):
+    """Measured tokens per second per GPU of one model (replaces the estimate in harness/costs.py)."""
+
+    model: str = Field(description="a teacher's or student's name")
+    generate: float | None = Field(None, gt=0, description="generated tokens/s per GPU (vLLM)")
+    train: float | None = Field(None, gt=0, description="trained tokens/s per GPU")
+
+
+class CostConfig(Strict):
+    """What `cotgap plan` prices the run with: the GPUs, and the throughput it assumes
+    (harness/costs.py: FLOPs per token at these utilisations, unless `throughput` names a model)."""
+
+    gpu_memory_gb: float = Field(80, gt=0, description="memory of one GPU")
+    peak_tflops: float = Field(989, gt=0, description="bf16 dense TFLOP/s of one GPU (H100 SXM)")
+    generate_utilisation: float = Field(0.15, gt=0, le=1, description="share of peak, generation")
+    train_utilisation: float = Field(0.35, gt=0, le=1, description="share of peak, training")
+    throughput: tuple[Throughput, ...] = Field((), description="measured figures of some models")
+
+
 class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     results_dir: str = Field("results", description="relative to the experiment YAML file")
@@ -424,6 +469,7 @@ class Experiment(Strict):
     select: SelectConfig | None = None
     screen: ScreenConfig | None = None
     tracking: TrackingConfig = TrackingConfig()
+    costs: CostConfig = CostConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -471,6 +517,14 @@ class Experiment(Strict):
         if self.train.replicates == "paired":
             return list(zip(draws, seeds, strict=True))
         return [(d, s) for d in draws for s in seeds]
+
+    @model_validator(mode="after")
+    def _cost_models(self) -> Experiment:
+        names = {m.name for m in (*self.teachers, *self.students)}
+        wrong = sorted({t.model for t in self.costs.throughput} - names)
+        if wrong:
+            raise ValueError(f"costs.throughput: not a model of this experiment: {wrong}")
+        return self
 
     def model(self, name: str) -> ModelSpec:
         for m in (*self.teachers, *self.students):

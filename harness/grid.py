@@ -276,8 +276,21 @@ def check(exp: Experiment) -> list[str]:
         except UserError as e:
             problems.append(str(e))
     if not problems:
+        problems += _fewshot_problems(exp)
+    if not problems:
         try:
             expand(exp)
         except UserError as e:
             problems.append(str(e))
     return problems
+
+
+def _fewshot_problems(exp: Experiment) -> list[str]:
+    """The tasks some stage prompts few-shot (selection, traces, evaluation) that cannot."""
+    from harness import tasks
+
+    styles = [exp.generate.prompt_style, exp.evaluate.prompt_style]
+    styles += [exp.select.prompt_style] if exp.select is not None else []
+    if "few_shot_cot" not in styles:
+        return []
+    return tasks.fewshot_problems([t.name for t in exp.tasks], exp.data_dir)

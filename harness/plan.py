@@ -90,27 +90,62 @@ def evaluate_adapter(
 
 def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
     """Upper bounds of the work, from configs and declared split sizes; loads no model or data."""
-    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
     out = {"generated_tokens_max": 0, "eval_tokens_max": 0, "train_steps": 0, "train_tokens_max": 0}
-    tr = exp.train
+    names = {"generate": "generated_tokens_max", "evaluate": "eval_tokens_max"}
+    for (stage, _), work in work_by_model(exp, cells).items():
+        if stage == "train":
+            out["train_steps"] += work["steps"]
+            out["train_tokens_max"] += work["tokens"]
+        else:
+            out[names[stage]] += work["tokens"]
+    return out
+
+
+def work_by_model(exp: Experiment, cells: list[Cell]) -> dict[tuple[str, str], dict[str, int]]:
+    """Tokens (upper bounds) and optimizer steps of each (stage, model): generate, evaluate,
+    train."""
+    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    out: dict[tuple[str, str], dict[str, int]] = {}
     for c in cells:
         t = c.config.get("task", {})
         n_items = t.get("limit") or sizes.get(t.get("name"), {}).get(t.get("split"), 0) or 0
+        steps, tokens, stage = 0, 0, c.stage
         if c.kind == "traces":
-            out["generated_tokens_max"] += n_items * exp.generate.n * exp.generate.max_tokens
+            tokens = n_items * exp.generate.n * exp.generate.max_tokens
         elif c.kind == "eval":
-            out["eval_tokens_max"] += n_items * exp.evaluate.n * exp.evaluate.max_tokens
+            tokens, stage = n_items * exp.evaluate.n * exp.evaluate.max_tokens, "evaluate"
         elif c.kind == "adapter":
-            # the adapter's own batch (a mix may train with its own) and its task's train limit
             own = c.train  # type: ignore[attr-defined]
-            batch = own.per_device_batch_size * own.grad_accum * own.num_processes
-            steps = tr.max_steps or 0
-            if tr.epochs:
-                limit = exp.task(c.task).train_limit or sizes.get(c.task, {}).get("train", 0)
-                steps = int(tr.epochs * limit * exp.generate.n / batch) + 1
-            out["train_steps"] += steps
-            out["train_tokens_max"] += steps * batch * tr.max_length
+            steps = train_steps(exp, c, sizes)
+            tokens = steps * _batch(own) * exp.train.max_length
+        else:
+            continue
+        work = out.setdefault((stage, c.model), {"tokens": 0, "steps": 0})
+        work["tokens"] += tokens
+        work["steps"] += steps
     return out
+
+
+def _batch(cfg: Any) -> int:
+    return cfg.per_device_batch_size * cfg.grad_accum * cfg.num_processes
+
+
+def train_steps(exp: Experiment, cell: Cell, sizes: dict[str, dict[str, int]]) -> int:
+    """The optimizer updates an adapter cell runs (at most), at the batch it trains with (a mix
+    may train with its own). Aligned to `updates`, it runs its reference's, counted at the
+    experiment's batch; to `examples` or `tokens`, as many of its own as see the reference's."""
+    tr, own = exp.train, cell.train  # type: ignore[attr-defined]
+    limit = exp.task(cell.task).train_limit or sizes.get(cell.task, {}).get("train", 0)
+
+    def at(batch: int) -> int:
+        return tr.max_steps or math.ceil((tr.epochs or 0) * limit * exp.generate.n / batch)
+
+    align = cell.align  # type: ignore[attr-defined]
+    if align == "none":
+        return at(_batch(own))
+    if align == "updates":
+        return at(_batch(tr))
+    return math.ceil(at(_batch(tr)) * _batch(tr) / _batch(own))
 
 
 def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
@@ -118,13 +153,14 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     many), their state, what they ask of a machine, and the work to do."""
     from rich.table import Table
 
-    from harness import progress
+    from harness import devices, progress
     from harness.cells import KINDS, PHASES
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
     todo = missing(store, cells)
     console = progress.console()
+    here = bool(devices.node_gpus())
     title = (
         f"{exp.name}: {'cells' if every_cell or len(cells) <= 200 else 'cell groups'} in run order"
     )
@@ -132,7 +168,9 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         table = Table("#", "phase", "stage", "cell", "key", "state", "needs", title=title)
         for i, c in enumerate(cells, 1):
             state = "to run" if c in todo else "complete"
-            table.add_row(str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c))
+            table.add_row(
+                str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c, here)
+            )
     else:
         table = Table(
             "phase", "stage", "kind", "role", "model", "cells", "to run", "needs", title=title
@@ -146,7 +184,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         for (phase, kind, role, model), group in groups.items():
             n_todo = sum(1 for c in group if c.key in waiting)
             row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
-            table.add_row(*row, _needs(exp, group[0]))
+            table.add_row(*row, _needs(exp, group[0], here))
     console.print(table)
     kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
     counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
@@ -154,6 +192,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
     console.print(replicates_line(exp))
+    for line in cost_lines(exp, todo):
+        console.print(line)
     for line in selection_lines(exp, store, grid, todo):
         console.print(line)
     for line in detectable_gains(exp, store, grid):
@@ -315,7 +355,71 @@ def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect
     return f"{r} replicates would reach it"
 
 
-def _needs(exp: Experiment, c: Cell) -> str:
+def device_line() -> str:
+    """The accelerator this machine has, found without importing torch (plan stays fast)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        gpus = [line.split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")]
+        if gpus:
+            return f"this machine: {len(gpus)} GPU(s): {'; '.join(gpus)}"
+    return (
+        "this machine: CPU only (no NVIDIA GPU found): GPU needs and GPU-hours below are what a "
+        "GPU machine would need; here the CPU engines run the cells"
+    )
+
+
+def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
+    """GPU memory each model needs and whether it fits `costs.gpu_memory_gb` GPUs, then the
+    GPU-hours of each stage (harness/costs.py says how they are estimated)."""
+    from harness import costs
+
+    lines = [device_line(), f"GPU memory per model (GPUs of {exp.costs.gpu_memory_gb:g} GB):"]
+    students = {m.name for m in exp.students}
+    for m in (*exp.teachers, *exp.students):
+        max_tokens = max(exp.generate.max_tokens, exp.evaluate.max_tokens)
+        serve = costs.serving_memory(exp, m, max_tokens)
+        if not serve:
+            lines.append(f"  {m.name}: shape unknown (not on this machine, not in costs.KNOWN)")
+            continue
+        fit = "fits" if serve["fits"] else "[red]does not fit[/]"
+        lines.append(
+            f"  {m.name}: serve on {serve['gpus']} GPU: weights {serve['weights_gb']:.1f} GB + KV "
+            f"{serve['kv_per_seq_gb']:.2f} GB a sequence ({serve['kv_batch_gb']:.0f} GB for a full "
+            f"batch); {fit} in {serve['have_gb']:.0f} GB, {serve['concurrent_seqs']} sequences at once"
+        )
+        if m.name in students:
+            tr = costs.training_memory(exp, m)
+            fit = "fits" if tr["fits"] else "[red]does not fit[/]"
+            gc = "on" if tr["checkpointing"] else "off"
+            lines.append(
+                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB + "
+                f"activations {tr['activations_gb']:.1f} GB (gradient checkpointing {gc}) = "
+                f"{tr['need_gb']:.1f} GB a process; {fit} in {tr['have_gb']:.0f} GB"
+            )
+    work = work_by_model(exp, cells)
+    tokens = {k: float(v["tokens"]) for k, v in work.items()}
+    hours = costs.gpu_hours(exp, tokens)
+    sources = sorted({costs.tokens_per_s(exp, exp.model(m), st)[1] for st, m in work})
+    lines.append(f"GPU-hours to run (upper bounds; throughput: {', '.join(sources) or '-'}):")
+    for stage in ("generate", "evaluate", "train"):
+        if stage in hours:
+            lines.append(f"  {stage}: {hours[stage]:,.1f}")
+    lines.append(f"  total: {sum(hours.values()):,.1f}")
+    return lines
+
+
+def _needs(exp: Experiment, c: Cell, gpus_here: bool = True) -> str:
+    """What a cell asks of a machine; on one without GPUs, that a GPU machine would be asked."""
     r = c.resources(exp)
     mem = f", {r['memory_gb']:g} GB" if r["memory_gb"] else ""
-    return f"{r['gpus']:g} GPU, {r['cpus']:g} CPU{mem}"
+    gpus = f"{r['gpus']:g} GPU"
+    if r["gpus"] and not gpus_here:
+        gpus = f"CPU here ({gpus} on a GPU machine)"
+    return f"{gpus}, {r['cpus']:g} CPU{mem}"

@@ -393,11 +393,19 @@ def run_local(
     sched: Schedule,
     table: Mapping[str, str | StageFn] | None = None,
 ) -> dict[str, int]:
-    """Compute the schedule's work in this process's children, phase by phase."""
+    """Compute the schedule's work in this process's children, phase by phase. On a node with
+    several GPUs the ready groups run at once, each on the GPUs its model asks for
+    (harness/devices.py), as many as fit; elsewhere one after another."""
+    from harness import devices
+
     began = time.perf_counter()
     sched.emit("run", cells=len(sched.work), pid=os.getpid())
+    gpus = devices.node_gpus()
     with PhaseProgress(sched):
         while groups := sched.ready(lowest_phase=True, share_workers=True):
+            if len(gpus) > 1 and len(groups) > 1:
+                _run_on_gpus(exp, store, sched, groups, devices.Allocator(gpus), table)
+                continue
             for g in groups:
                 t0 = time.perf_counter()
                 run_group(exp, store, g, table)
@@ -406,6 +414,37 @@ def run_local(
         raise UserError(f"{len(sched.pending)} cell(s) can never run: their inputs are missing.")
     sched.emit("run_done", counts=sched.counts, seconds=round(time.perf_counter() - began, 3))
     return sched.counts
+
+
+def _run_on_gpus(
+    exp: Experiment,
+    store: Store,
+    sched: Schedule,
+    groups: list[Group],
+    gpus: Any,
+    table: Mapping[str, str | StageFn] | None,
+) -> None:
+    """Run groups at once, each in a thread holding the GPUs its cells ask for (the most any of
+    its cells asks); a group waits until its GPUs are free. The schedule is updated from this
+    thread only. The first failure is raised once every started group has ended."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    def one(g: Group) -> float:
+        with gpus.hold(max(c.resources(exp)["gpus"] for c in g.cells)):
+            t0 = time.perf_counter()
+            run_group(exp, store, g, table)
+            return time.perf_counter() - t0
+
+    failed: BaseException | None = None
+    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="cotgap-group") as pool:
+        futures = {pool.submit(one, g): g for g in groups}
+        for f in as_completed(futures):
+            if f.exception() is not None:
+                failed = failed or f.exception()
+                continue
+            sched.finish(futures[f], f.result())
+    if failed is not None:
+        raise failed
 
 
 class PhaseProgress:

@@ -1,4 +1,4 @@
-"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/scoring.py).
+"""The task suite: harness/tasks_data/*.yaml -> items and prompts (scoring them: harness/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
@@ -29,7 +29,16 @@ from typing import Any, Literal, TextIO
 from pydantic import Field, model_validator
 
 from harness import answers
-from harness.config import PromptStyle, Strict, parse, read_yaml, task_names, tasks_dir
+from harness.config import (
+    PromptStyle,
+    Strict,
+    parse,
+    read_yaml,
+    task_dirs,
+    task_file,
+    task_names,
+    tasks_dir,
+)
 from harness.errors import UserError
 from harness.sandbox import tasks as sandbox
 from harness.store import OUT_FIX, atomic_write_text, jsonl_text
@@ -71,6 +80,11 @@ class FileSource(Strict):
     format: Literal["jsonl", "json", "json_examples", "asdiv_xml"]
     splits: dict[SplitName, tuple[str, ...]]
     keep_ids: tuple[str, ...] = Field((), description="files listing the ids to keep, one per line")
+    optional: tuple[str, ...] = Field(
+        (),
+        description="files of `splits` read when the data dir holds them; a split missing one "
+        "is not held to its `sizes`",
+    )
 
 
 class SandboxSource(Strict):
@@ -103,6 +117,9 @@ class Source(Strict):
             raise ValueError("source splits are either train and test, or all (divided by `split`)")
         if self.hub is not None and set(self.hub.splits) != keys:
             raise ValueError("source.hub.splits must name the same splits as source.files.splits")
+        listed = {p for paths in self.files.splits.values() for p in paths}
+        if set(self.files.optional) - listed:
+            raise ValueError("source.files.optional names files that source.files.splits lists")
         return self
 
 
@@ -129,7 +146,9 @@ class Prompt(Strict):
 class FewShotRef(Strict):
     file: str | None = Field(None, description="YAML of exemplars, relative to the tasks dir")
     data_file: str | None = Field(
-        None, description="BBH cot-prompts text file, relative to the data dir"
+        None,
+        description="BBH cot-prompts text file, relative to the data dir; the package ships a "
+        "copy under the tasks dir, read when the data dir has none",
     )
 
     @model_validator(mode="after")
@@ -158,6 +177,9 @@ class TaskSpec(Strict):
     fields: Fields | None = None
     shuffle_choices: bool = False
     split: SplitSpec | None = None
+    train_excludes_test: bool = Field(
+        False, description="train leaves out every question test holds (same text up to spaces)"
+    )
     sizes: dict[SplitName, int] = {}
     exclude: tuple[Exclusion, ...] = Field((), description="rows left out, with the reason")
     prompt: Prompt
@@ -183,6 +205,8 @@ class TaskSpec(Strict):
                 raise ValueError(
                     "split: required when the source has one pool (all), else not allowed"
                 )
+            if pooled and self.train_excludes_test:
+                raise ValueError("train_excludes_test needs a source with train and test splits")
         for key, allowed in [
             ("zero_shot_cot", {"question"}),
             ("few_shot_cot", {"fewshot", "question"}),
@@ -237,13 +261,14 @@ def _load_task_file(path: str, mtime_ns: int) -> TaskSpec:
 
 
 def load_task(name: str) -> TaskSpec:
-    path = tasks_dir() / f"{name}.yaml"
-    if not re.fullmatch(r"[a-z0-9][a-z0-9_]{0,63}", name) or not path.is_file():
+    path = task_file(name) if re.fullmatch(r"[a-z0-9][a-z0-9_]{0,63}", name) else None
+    if path is None:
         known = task_names()
         near = difflib.get_close_matches(name, known, n=1, cutoff=0.5)
         hint = f"did you mean {near[0]!r}?" if near else "see `cotgap ls tasks`"
         raise UserError(
-            f"unknown task {name!r} (tasks are the *.yaml files in {tasks_dir()}); {hint}"
+            f"unknown task {name!r} (tasks are the *.yaml files in "
+            f"{', '.join(map(str, task_dirs()))}; COTGAP_TASK_PATH adds folders); {hint}"
         )
     return _load_task_file(str(path), path.stat().st_mtime_ns)
 
@@ -254,7 +279,7 @@ def task_spec(task: TaskSpec | str) -> TaskSpec:
 
 
 def _sizes(spec: TaskSpec) -> dict[str, int]:
-    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    """Items each split has (tasks_data/<name>.yaml `sizes`, or what the sandbox generator makes)."""
     sb = spec.source.sandbox
     return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
@@ -352,12 +377,14 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
         index = 0  # several files in one split continue one numbering
         for rel in files.splits[key]:
             path = data_dir / rel
+            if rel in files.optional and not path.is_file():
+                continue
             try:
                 records = _read_records(path, files.format)
             except FileNotFoundError:
                 raise UserError(
                     f"{path}: no such file; task {spec.name} reads {rel} under the data dir {data_dir} "
-                    f"(laid out as ../shared/data; see tasks/{spec.name}.yaml source.files). Copy the "
+                    f"(laid out as ../shared/data; see {_file_of(spec.name)} source.files). Copy the "
                     "original file there, or unset --data-dir / COTGAP_DATA_DIR to load from the hub."
                 ) from None
             if not records:
@@ -463,7 +490,7 @@ def _field(spec: TaskSpec, row: _Row, path: str, what: str) -> Any:
     if value is _MISSING or value is None:
         raise UserError(
             f"{row.where}: field {path!r} ({what}) is missing; task {spec.name} expects it there "
-            f"(tasks/{spec.name}.yaml fields). Is this the right file for the task?"
+            f"({_file_of(spec.name)} fields). Is this the right file for the task?"
         )
     return value
 
@@ -623,6 +650,8 @@ def load_items(
     kind = "sandbox" if src.sandbox else "files" if root is not None else "hub"
     pooled = src.files is not None and set(src.files.splits) == {"all"}
     keys = ["all"] if pooled else (["train", "test"] if split == "all" else [split])
+    if spec.train_excludes_test and "train" in keys:
+        keys = ["train", "test"]  # the test questions are needed to leave them out
     rows = _SOURCES[kind](spec, keys, root)
     fields = _SANDBOX_FIELDS if src.sandbox else spec.fields
     if kind == "hub" and src.hub.fields is not None:
@@ -634,17 +663,42 @@ def load_items(
         split_part = "" if pooled else f"{row.split}-"
         items.append(_make_item(spec, fields, row, f"{spec.name}-{split_part}{row.index}"))
     _check_unique(spec, items, [r.where for r in rows])  # the whole pool, before it is divided
+    if spec.train_excludes_test:
+        items = _without_test_questions(items, [r.split for r in rows], split)
     expected = _sizes(spec)
     if pooled and split != "all":
         _check_size(spec, "all", len(items), expected.get("all"), root)
         train, test = _split_order(items, spec.split)
         items = train if split == "train" else test
-    _check_size(spec, split, len(items), expected.get(split), root)
+    if kind != "files" or not _missing_optional(spec, split, root):
+        _check_size(spec, split, len(items), expected.get(split), root)
     return items[:limit] if limit is not None else items
 
 
+def _without_test_questions(items: list[Item], splits: list[str], wanted: str) -> list[Item]:
+    """The items of split `wanted` (or all), train leaving out every question that test holds."""
+    test = {
+        " ".join(it.question.split()) for it, s in zip(items, splits, strict=True) if s == "test"
+    }
+    kept = []
+    for item, s in zip(items, splits, strict=True):
+        if s == "train" and " ".join(item.question.split()) in test:
+            continue
+        if wanted in ("all", s):
+            kept.append(item)
+    return kept
+
+
+def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
+    """Whether an optional file of `split` is absent from the data dir (its size is then open)."""
+    files = spec.source.files
+    keys = ("train", "test") if split == "all" else (split,)
+    paths = [p for k in keys for p in files.splits.get(k, ()) if p in files.optional]
+    return root is not None and any(not (root / p).is_file() for p in paths)
+
+
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
-    """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
+    """The rows a task leaves out of every split (tasks_data/<name>.yaml `exclude`), with the reason."""
     return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
@@ -663,7 +717,7 @@ def _check_size(
         return
     where = f"the data dir {root}" if root is not None else "the hub"
     raise UserError(
-        f"task {spec.name}: {split} has {n} items from {where}, but tasks/{spec.name}.yaml "
+        f"task {spec.name}: {split} has {n} items from {where}, but {_file_of(spec.name)} "
         f"(version {spec.version}) expects {expected}: this copy of the data differs from the one "
         "the task was written for. Use the original files, or make a new task version."
     )
@@ -721,20 +775,41 @@ def fewshot_exemplars(
             f"task {spec.name} has no few-shot exemplars; use prompt_style: zero_shot_cot."
         )
     if ref.file is not None:
-        path, kind = tasks_dir() / ref.file, "file"
+        path, kind = _file_of(spec.name).parent / ref.file, "file"
     else:
-        root = data_dir_or_env(data_dir)
-        if root is None:
-            raise UserError(
-                f"task {spec.name}: few-shot exemplars come from {ref.data_file} under a data dir; "
-                "pass --data-dir DIR (or set COTGAP_DATA_DIR) holding that file."
-            )
-        path, kind = root / ref.data_file, "data_file"
+        path, kind = _prompts_file(ref.data_file, data_dir_or_env(data_dir)), "data_file"
     if not path.is_file():
         raise UserError(
-            f"{path}: no such file; task {spec.name} reads its few-shot exemplars there."
+            f"{path}: no such file; task {spec.name} reads its few-shot exemplars there. Copy the "
+            f"original {ref.file or ref.data_file} there, or reinstall cotgap (it ships them)."
         )
     return _read_fewshot(str(path), kind, path.stat().st_mtime_ns)
+
+
+def _file_of(name: str) -> Path:
+    """The task's YAML (where messages point, and what few-shot files are relative to)."""
+    return task_file(name) or tasks_dir() / f"{name}.yaml"
+
+
+def _prompts_file(rel: str, root: Path | None) -> Path:
+    """A prompts file named relative to the data dir: the data dir's copy where it holds one, else
+    the copy the package ships under the tasks dir (harness/tasks_data/bbh/cot-prompts: the same
+    bytes as the BBH repository's)."""
+    if root is not None and (root / rel).is_file():
+        return root / rel
+    return tasks_dir() / rel
+
+
+def fewshot_problems(names: Iterable[str], data_dir: str | Path | None) -> list[str]:
+    """Why each of these tasks cannot prompt few-shot here (no exemplars, a prompts file that
+    cannot be found or read); `cotgap validate` reports them before any model starts."""
+    problems = []
+    for name in names:
+        try:
+            fewshot_exemplars(name, data_dir)
+        except UserError as e:
+            problems.append(f"few-shot prompts of task {name}: {e}")
+    return problems
 
 
 def _same_question(item: Item, exemplar_question: str) -> bool:

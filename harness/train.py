@@ -42,9 +42,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import models
+from harness import devices, models
 from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
+from harness.costs import CHUNK_BYTES, checkpointing
 from harness.dataset import encode, load_tokenizer
 from harness.errors import Interrupted, UserError, stop_on_signals
 from harness.store import (
@@ -96,7 +97,8 @@ def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
     On a CPU, students under SMALL_MODEL parameters train one worker per core, one thread each:
     their steps are mostly per-op overhead that a second thread does not share (the demo's 24
     adapters: 66.0 s in one two-thread worker, 29.7 s in two one-thread workers, on 2 cores).
-    Larger students, and every GPU run, train in one worker with every thread. The thread count
+    Larger students train in one worker with every thread; on GPUs, one worker per GPU the
+    group may use (harness/devices.py), each seeing its own. The thread count
     depends on the machine's cores only, never on how many cells are left, so a resumed run trains
     each cell as an uninterrupted one would (an adapter's weights depend on its thread count,
     not on its worker). COTGAP_TRAIN_WORKERS=N sets N workers of cores/N threads (1: torch's
@@ -106,7 +108,9 @@ def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
     if env.isdigit() and int(env) > 0:
         n = int(env)
         return n, (max(1, cores // n) if n > 1 else None)
-    if torch.cuda.is_available() or cores == 1:
+    if torch.cuda.is_available():
+        return max(1, len(devices.usable())), None
+    if cores == 1:
         return 1, None
     sizes = [models.param_count(exp.model(s)) for s in dict.fromkeys(c.student for c in cells)]
     if all(n is not None and n < SMALL_MODEL for n in sizes):
@@ -163,7 +167,12 @@ def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
         "chat_template": student.chat_template,
         "trust_remote_code": student.trust_remote_code,
         "examples": str(examples.resolve()),
-        "train": {**c.config["train"], "max_steps": budget["updates"], "epochs": None},
+        "train": {
+            **c.config["train"],
+            "max_steps": budget["updates"],
+            "epochs": None,
+            "gradient_checkpointing": exp.train.gradient_checkpointing,  # not in the key
+        },
         "budget": budget,
         "seed": c.seed,
         "merge": c.merge,
@@ -181,12 +190,17 @@ def _run_workers(commands: list[list[str]], threads: int | None) -> int:
     after we are gone."""
     from harness.progress import Relay
 
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    env = {**devices.child_env(), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    # several workers on GPUs: one GPU each (a launch of several processes keeps them all)
+    gpus = devices.one_each(len(commands), devices.usable() if len(commands) > 1 else [])
+    if not torch.cuda.is_available():
+        gpus = [{} for _ in commands]
     with Relay(len(commands)) as relay:  # the workers' bars on our display, on a terminal
         procs = []
         for i, cmd in enumerate(commands):
             out = relay.output(i)
-            procs.append(subprocess.Popen(cmd, env={**env, **relay.env(i)}, stdout=out, stderr=out))
+            child = {**env, **gpus[i], **relay.env(i)}
+            procs.append(subprocess.Popen(cmd, env=child, stdout=out, stderr=out))
             if out is not None:
                 out.close()  # the child holds its own
         try:
@@ -479,6 +493,10 @@ def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, 
     model = AutoModelForCausalLM.from_pretrained(
         job["model_dir"], dtype=dtype, trust_remote_code=remote
     )
+    if checkpointing(cfg, model.num_parameters()):
+        # non-reentrant: a frozen base (LoRA) needs no inputs that require grad
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+        model.config.use_cache = False
     if cfg.method == "lora":
         targets = list(cfg.lora.target_modules)
         lora = peft.LoraConfig(
@@ -499,6 +517,63 @@ def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, 
     return model, optimizer, get_scheduler(name, optimizer, warmup, total)
 
 
+# chunks of CHUNK_BYTES of fp32 logits: at Qwen2.5's vocabulary 441 positions, where a whole
+# batch of 5 x 4,096 would be 12 GB
+_NO_LOGITS = torch.zeros(0, dtype=torch.long)  # logits_to_keep: the model computes none
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """Summed cross-entropy of `head(hidden)` against `targets` (rows of hidden: positions),
+    `chunk` positions at a time, each chunk's logits recomputed in the backward pass: the fp32
+    logits of the whole batch never exist at once. Written here because the fused kernels that do
+    this (Liger's fused linear cross-entropy, Apple's cut-cross-entropy) run on Triton, on GPUs
+    only, and the same code must train on a CPU."""
+    from torch.utils.checkpoint import checkpoint
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, len(targets), chunk):
+        part = slice(start, start + chunk)
+        total = total + checkpoint(
+            _chunk_ce, hidden[part], targets[part], head, use_reentrant=False
+        )
+    return total
+
+
+def _chunk_ce(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def completion_ce(acc: Any, model: Any, batch: dict) -> torch.Tensor:
+    """The summed cross-entropy of a micro-batch's completion tokens: the model's last hidden
+    states (no logits), then the output layer and the loss a chunk of targets at a time. A model
+    whose forward takes no `logits_to_keep`, and a sharded one (FSDP, DeepSpeed: the output layer
+    is gathered only inside the forward), get the plain loss over the whole batch's logits."""
+    targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if not _chunked_loss(acc, model):
+        logits = model(**inputs).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum")
+    out = model(**inputs, output_hidden_states=True, logits_to_keep=_NO_LOGITS.to(acc.device))
+    keep = targets != -100
+    hidden = out.hidden_states[-1][keep]
+    head = acc.unwrap_model(model).get_output_embeddings()
+    chunk = max(1, CHUNK_BYTES // (4 * head.weight.shape[0]))
+    with acc.autocast():
+        return linear_cross_entropy(hidden, head, targets[keep], chunk)
+
+
+def _chunked_loss(acc: Any, model: Any) -> bool:
+    import inspect
+
+    if acc.distributed_type.value in ("FSDP", "DEEPSPEED"):
+        return False
+    base = acc.unwrap_model(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
 def _step(
     acc: Any, model: Any, optimizer: Any, scheduler: Any, batches: list[dict], clip: float
 ) -> tuple:
@@ -516,9 +591,7 @@ def _step(
     for b in batches:
         b = {k: v.to(acc.device) for k, v in b.items()}
         with acc.accumulate(model):
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
-            targets = F.pad(b["labels"][:, 1:], (0, 1), value=-100).flatten()
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), targets, reduction="sum")
+            ce = completion_ce(acc, model, b)
             acc.backward(ce * scale)
             ce_sum += ce.detach()
     acc.clip_grad_norm_(model.parameters(), clip)

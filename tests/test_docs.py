@@ -4,8 +4,8 @@ pages match the code, the site builds with no broken link, and no page tells the
     pytest -q tests/test_docs.py
 
 Examples (docs/development.md, "Examples run"): each document's fenced blocks run in order in one
-temporary directory holding `configs/`, `docs/` and `harness/` (links) and a copy of `tasks/`
-(COTGAP_TASKS_DIR). ```bash blocks run in bash with `cotgap` = this working tree's CLI; ```yaml
+temporary directory holding `configs/`, `docs/` and `harness/` (links) and an empty `tasks/`
+(COTGAP_TASK_PATH: the tasks the examples write are found next to the built-in ones). ```bash blocks run in bash with `cotgap` = this working tree's CLI; ```yaml
 blocks are configs passed to `cotgap validate`; an `<!-- example: ... -->` comment on the line
 before a block writes it to files (`file PATH...`), validates it as part of a minimal config
 (`section`), expects it to fail (`fails`) or skips it with a reason (`skip REASON`).
@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -79,11 +78,11 @@ def _merge(base: dict, extra: dict) -> dict:
 def _workdir(tmp: Path) -> tuple[Path, dict]:
     for name in ("configs", "harness", "docs"):
         (tmp / name).symlink_to(ROOT / name)
-    shutil.copytree(ROOT / "tasks", tmp / "tasks")
+    (tmp / "tasks").mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "COTGAP_TASKS_DIR": str(tmp / "tasks"),
+        "COTGAP_TASK_PATH": str(tmp / "tasks"),
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",

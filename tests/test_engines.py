@@ -280,6 +280,11 @@ def test_engine_kwargs_pass_settings_through_and_cpu_defaults():
     own = engine_kwargs(EngineSettings(gpu_memory_utilization=0.5, dtype="bfloat16"), cuda=False)
     assert own["gpu_memory_utilization"] == 0.5 and own["dtype"] == "bfloat16"
     assert "kv_cache_memory_bytes" not in own
+    # CUDA graphs on a GPU, eager on a CPU, unless the settings say
+    assert gpu["enforce_eager"] is False and cpu["enforce_eager"] is True
+    eager = engine_kwargs(EngineSettings(enforce_eager=True), cuda=True)
+    graphs = engine_kwargs(EngineSettings(enforce_eager=False), cuda=False)
+    assert eager["enforce_eager"] is True and graphs["enforce_eager"] is False
 
 
 def test_data_parallel_is_refused_with_a_reason(models_dir):

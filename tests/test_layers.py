@@ -14,8 +14,8 @@ import pytest
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"errors", "stats", "answers", "progress", "regimes", "precision", "sandbox.tokenizer"},
-    {"config"},
-    {"store"},
+    {"config", "devices"},
+    {"store", "costs"},
     {"tasks", "models", "gguf", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
     {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine"},
     {"cells"},

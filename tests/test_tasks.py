@@ -40,6 +40,7 @@ BBH = [
 ]  # fmt: skip
 SANDBOX = ["sandbox_addition", "sandbox_expressions", "sandbox_last_letters", "sandbox_coin_flip"]
 LOCAL = [*REAL, *(f"bbh_{t}" for t in BBH)]  # every task whose files are in ../shared/data
+HUB_ONLY_TRAIN = ["math_full"]  # ../shared/data has its test split only
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def _items(name: str, split: str, data_dir: Path) -> tuple[tasks.Item, ...]:
 
 def test_every_task_yaml_loads_and_is_consistent():
     names = tasks.task_names()
-    assert names == sorted([*REAL, *(f"bbh_{t}" for t in BBH), *SANDBOX])
+    assert names == sorted([*REAL, *HUB_ONLY_TRAIN, *(f"bbh_{t}" for t in BBH), *SANDBOX])
     for name in names:
         spec = tasks.load_task(name)
         assert spec.name == name and spec.version >= 1
@@ -94,7 +95,7 @@ def test_unknown_task_names_the_nearest():
 def test_bad_task_yaml_is_reported_with_file_and_key(tmp_path, monkeypatch):
     monkeypatch.setenv("COTGAP_TASKS_DIR", str(tmp_path))
     good = yaml.safe_load(
-        (tasks.Path(tasks.__file__).parents[1] / "tasks" / "coin_flip.yaml").read_text()
+        (Path(tasks.__file__).parent / "tasks_data" / "coin_flip.yaml").read_text()
     )
     (tmp_path / "coin_flip.yaml").write_text(yaml.safe_dump({**good, "headlin": "strict"}))
     with pytest.raises(
@@ -181,13 +182,50 @@ def test_loaded_splits_match_declared_sizes_and_partition_the_pool(shared_data, 
     spec = tasks.load_task(name)
     train, test = _items(name, "train", shared_data), _items(name, "test", shared_data)
     everything = _items(name, "all", shared_data)
-    assert len(train) == spec.sizes["train"] and len(test) == spec.sizes["test"]
+    # math's train holds what the data dir has outside MATH-500: 4,500 here, 12,000 from the hub
+    sizes = {"train": 4500, "test": 500} if name == "math" else spec.sizes
+    assert len(train) == sizes["train"] and len(test) == sizes["test"]
     assert len(everything) == spec.sizes.get("all", len(train) + len(test))
     ids = [it.id for it in everything]
     assert len(set(ids)) == len(ids)
     assert {it.id for it in train} | {it.id for it in test} == set(ids)
     assert not {it.id for it in train} & {it.id for it in test}
     assert all(it.question and it.gold for it in everything)
+
+
+def test_math_tests_on_math500_and_trains_on_the_problems_outside_it(shared_data):
+    """PRM800K's split: test is MATH-500; train is MATH less MATH-500 (from ../shared/data, the
+    4,500 other test problems; math/train.jsonl would add MATH's 7,500 when present)."""
+    test, train = _items("math", "test", shared_data), _items("math", "train", shared_data)
+    math500 = _items("math500", "all", shared_data)
+    assert [it.question for it in test] == [it.question for it in math500]
+    assert [it.gold for it in test] == [it.gold for it in math500]
+    full_test = _items("math_full", "test", shared_data)
+    assert len(full_test) == 5000
+    inside = {" ".join(it.question.split()) for it in test}
+    assert not inside & {" ".join(it.question.split()) for it in train}
+    outside = [it for it in full_test if " ".join(it.question.split()) not in inside]
+    assert [it.question for it in train] == [it.question for it in outside]
+    assert tasks.load_task("math").sizes == {"train": 12000, "test": 500}  # from the hub
+    with pytest.raises(UserError, match=r"math/train.jsonl: no such file; task math_full"):
+        tasks.load_items("math_full", "train", shared_data)
+
+
+def test_an_optional_file_counts_when_present(shared_data, tmp_path):
+    """math/train.jsonl, when the data dir holds it, joins math's train; the declared 12,000 is
+    then checked (a copy of 3 problems gives 4,503, which is refused)."""
+    for rel in ("math/test.jsonl", "math500/test.jsonl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shared_data / rel, tmp_path / rel)
+    lines = (shared_data / "math" / "test.jsonl").read_text().splitlines()[:3]
+    fake = [
+        json.dumps({**json.loads(x), "problem": f"Train {i}: " + json.loads(x)["problem"]})
+        for i, x in enumerate(lines)
+    ]
+    (tmp_path / "math" / "train.jsonl").write_text("\n".join(fake) + "\n")
+    with pytest.raises(UserError, match="train has 4503 items .* expects 12000"):
+        tasks.load_items("math", "train", tmp_path)
+    assert len(tasks.load_items("math", "test", tmp_path)) == 500
 
 
 def test_split_depends_on_questions_not_on_file_order(shared_data):
@@ -415,7 +453,7 @@ def test_few_shot_leaves_out_the_question_itself(shared_data):
     assert prompt.count(exemplar) == 1
 
 
-def test_bbh_few_shot_reads_cot_prompts_from_the_data_dir(shared_data):
+def test_bbh_few_shot_reads_cot_prompts_from_the_data_dir_or_the_package(shared_data):
     item = _items("bbh_date_understanding", "test", shared_data)[0]
     prompt = tasks.render_prompt(
         "bbh_date_understanding", item, "few_shot_cot", data_dir=shared_data
@@ -425,8 +463,8 @@ def test_bbh_few_shot_reads_cot_prompts_from_the_data_dir(shared_data):
     )
     assert prompt.count("So the answer is (") == 3
     assert prompt.endswith(f"Q: {item.question}\nA: Let's think step by step.")
-    with pytest.raises(UserError, match="--data-dir"):
-        tasks.render_prompt("bbh_date_understanding", item, "few_shot_cot")
+    # without a data dir: the copy the package ships, the same bytes
+    assert tasks.render_prompt("bbh_date_understanding", item, "few_shot_cot") == prompt
 
 
 def test_sandbox_tasks_have_no_few_shot():

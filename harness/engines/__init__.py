@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from harness import devices
 from harness.config import ModelSpec
 from harness.engines.base import Engine, Request, Sample, Sampling, request_seed
 from harness.engines.hf_engine import HFEngine
@@ -139,7 +140,9 @@ def run_in_child(
             _emit = previous
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    worker = _Worker.get() if (_reuse_default() if reuse is None else reuse) else _Worker()
+    reuse = _reuse_default() if reuse is None else reuse
+    # a group holding GPUs of a shared node gets a child of its own that sees only those GPUs
+    worker = _Worker.get() if reuse and not devices.holding() else _Worker()
     try:
         outcome = worker.call((fn, args, kwargs, str(log_path)), on_event)
     except BaseException:
@@ -177,6 +180,7 @@ class _Worker:
             stdout=subprocess.DEVNULL,  # each call sends the child's output to its own log
             stderr=subprocess.DEVNULL,
             pass_fds=(messages_w, alive_r),
+            env=devices.child_env(),
         )
         os.close(messages_w)
         os.close(alive_r)

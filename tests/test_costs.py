@@ -1,0 +1,126 @@
+"""`cotgap plan` prices the run: memory per model against the configured GPUs, GPU-hours per
+stage, and the aligned mix counted at the batch it will run."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import costs, grid, plan
+from harness.config import Experiment, load_experiment, parse
+from harness.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+STUDY = REPO / "configs" / "paper-study.yaml"
+
+
+@pytest.fixture(scope="module")
+def study() -> Experiment:
+    return load_experiment(STUDY)
+
+
+def _with(exp: Experiment, name: str, **engine) -> Experiment:
+    """The study with one model's engine settings changed."""
+    data = exp.model_dump(mode="json")
+    for m in (*data["teachers"], *data["students"]):
+        if m["name"] == name:
+            m["engine"].update(engine)
+    return parse(Experiment, data, "study.yaml")
+
+
+def test_serving_memory_of_qwen_7b_from_its_shape(study):
+    got = costs.serving_memory(study, study.model("qwen2.5-7b"), 4096)
+    # Qwen2.5-7B: 28 layers, 4 KV heads of 128: K and V in bf16 = 57,344 bytes a token
+    assert got["kv_per_seq_gb"] == pytest.approx(57_344 * 8192 / 1e9)  # max_model_len 8192
+    assert got["weights_gb"] == pytest.approx(7.62e9 * 2 / 1e9)
+    room = 80 * 0.9 - 7.62e9 * 2 / 1e9 - costs.RUNTIME_GB
+    assert got["fits"] and got["concurrent_seqs"] == int(room * 1e9 // (57_344 * 8192))
+
+
+def test_a_72b_teacher_fits_four_gpus_not_one(study):
+    four = costs.serving_memory(study, study.model("qwen2.5-72b"), 4096)
+    one = _with(study, "qwen2.5-72b", tensor_parallel_size=1)
+    alone = costs.serving_memory(one, one.model("qwen2.5-72b"), 4096)
+    assert four["gpus"] == 4 and four["fits"]
+    assert alone["gpus"] == 1 and not alone["fits"] and alone["concurrent_seqs"] == 0
+    bigger = parse(
+        Experiment, {**one.model_dump(mode="json"), "costs": {"gpu_memory_gb": 192}}, "x.yaml"
+    )
+    assert costs.serving_memory(bigger, bigger.model("qwen2.5-72b"), 4096)["fits"]
+
+
+def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(study):
+    lora = costs.training_memory(study, study.model("s-qwen2.5-3b"))
+    small = costs.training_memory(study, study.model("s-qwen2.5-0.5b"))
+    assert lora["checkpointing"] and not small["checkpointing"]  # 3.09e9 >= 1e9 > 4.9e8
+    data = study.model_dump(mode="json")
+    data["train"]["method"] = "full"
+    full = parse(Experiment, data, "x.yaml")
+    got = costs.training_memory(full, full.model("s-qwen2.5-3b"))
+    assert got["state_gb"] == pytest.approx(3.09e9 * 16 / 1e9)
+    assert got["state_gb"] > 4 * lora["state_gb"]
+
+
+def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
+    tokens = {("generate", "qwen2.5-7b"): 3.6e9, ("train", "s-qwen2.5-3b"): 1e9}
+    hours = costs.gpu_hours(study, tokens)
+    rate = 989e12 * 0.15 / (2 * 7.62e9)
+    assert hours["generate"] == pytest.approx(3.6e9 / rate / 3600)
+    # LoRA on a 3B with checkpointing: 4N + 2N recomputed, at 35%
+    assert hours["train"] == pytest.approx(1e9 / (989e12 * 0.35 / (6 * 3.09e9)) / 3600)
+    data = study.model_dump(mode="json")
+    data["costs"] = {"throughput": [{"model": "qwen2.5-7b", "generate": 10_000}]}
+    measured = parse(Experiment, data, "x.yaml")
+    assert costs.gpu_hours(measured, tokens)["generate"] == pytest.approx(100.0)
+    assert costs.tokens_per_s(measured, measured.model("qwen2.5-7b"), "generate")[1].startswith(
+        "measured"
+    )
+    data["costs"] = {"throughput": [{"model": "qwen2.5-8b", "generate": 10_000}]}
+    with pytest.raises(UserError, match=r"costs.throughput: not a model .*qwen2.5-8b"):
+        parse(Experiment, data, "x.yaml")
+
+
+def test_the_aligned_mix_is_counted_at_the_batch_it_runs(study):
+    """The mix trains at batch 20 against 2: unaligned it runs ~10x fewer updates; aligned to
+    `updates` it runs the reference's, counted at batch 2."""
+    sizes = {"math": {"train": 12000}}
+    adapters = [c for c in grid.expand(study).unique() if c.kind == "adapter" and c.task == "math"]
+    mix = {c.align: c for c in adapters if c.regime.startswith("mix")}
+    single = next(c for c in adapters if c.align == "none" and not c.regime.startswith("mix"))
+    ref = plan.train_steps(study, single, sizes)
+    assert ref == math.ceil(2 * 12000 * 4 / 2)  # epochs x questions x samples / batch
+    assert plan.train_steps(study, mix["none"], sizes) == math.ceil(2 * 12000 * 4 / 20)
+    assert plan.train_steps(study, mix["updates"], sizes) == ref
+    work = plan.work_by_model(study, [mix["updates"]])
+    assert work[("train", mix["updates"].model)]["tokens"] == ref * 20 * study.train.max_length
+
+
+def test_plan_prints_memory_fit_and_gpu_hours_for_the_study(tmp_path):
+    """The paper study with no data dir; on a machine without nvidia-smi it says CPU only."""
+    config = yaml.safe_load(STUDY.read_text())
+    config["results_dir"] = str(tmp_path / "results")
+    assert config["data_dir"] is None
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable), "COLUMNS": "250"}
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "plan", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    text = out.stdout + out.stderr
+    assert "this machine: CPU only" in text
+    assert "CPU here (4 GPU on a GPU machine), 8 CPU" in text  # the 72B teacher's cells
+    assert "qwen2.5-72b: serve on 4 GPU: weights 145.4 GB" in text
+    assert "s-qwen2.5-3b: train lora:" in text and "gradient checkpointing on" in text
+    for stage in ("generate", "evaluate", "train", "total"):
+        assert f"\n  {stage}: " in text
+    assert "GPU-hours to run" in text and "989 TFLOP/s" in text

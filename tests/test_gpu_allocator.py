@@ -1,0 +1,135 @@
+"""The local executor on a node with several GPUs: independent engine groups run at the same
+time, each on the GPUs its model's `resources.gpus` asks for, and no GPU is held twice.
+
+The node's GPU count is the one thing mocked (`devices.node_gpus` returns four ids: this machine
+has no GPU). The schedule, the allocator and the threads are the real ones; the stage functions
+are fakes that complete their cells in the real store and record when they ran and which
+CUDA_VISIBLE_DEVICES their children would see.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import sandbox_grid
+
+from harness import devices, grid, schedule
+from harness.config import Experiment, parse
+from harness.store import Store
+
+TEACHERS = {  # zoo model, GPUs it asks for
+    "a": ("test-teacher-s", 1),
+    "b": ("test-teacher-l", 1),
+    "c": ("teacher-s", 2),
+    "d": ("teacher-m", 3),
+}
+
+
+class Recorder(dict):
+    def __init__(self) -> None:
+        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        self.runs: list[dict] = []
+        self.lock = threading.Lock()
+
+    def _stage(self, exp: Experiment, store: Store, cells: list) -> None:
+        start = time.monotonic()
+        visible = devices.child_env().get("CUDA_VISIBLE_DEVICES")
+        time.sleep(0.3 if cells[0].kind == "traces" else 0.0)
+        for c in cells:
+            with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
+                out.finish({"n_examples": 5})
+        with self.lock:
+            self.runs.append(
+                {
+                    "kind": cells[0].kind,
+                    "model": cells[0].model,
+                    "gpus": visible.split(",") if visible else [],
+                    "start": start,
+                    "end": time.monotonic(),
+                }
+            )
+
+
+@pytest.fixture
+def four_gpus(monkeypatch) -> None:
+    monkeypatch.setattr(devices, "node_gpus", lambda: ["0", "1", "2", "3"])  # the mock
+
+
+def _experiment(root: Path) -> Experiment:
+    config = sandbox_grid("gpus", root)
+    config["teachers"] = [
+        {"name": n, "path": f"sandbox:{z}", "size": 1e5 * (i + 1), "resources": {"gpus": g}}
+        for i, (n, (z, g)) in enumerate(TEACHERS.items())
+    ]
+    config["students"][0]["resources"] = {"gpus": 1}
+    return parse(Experiment, config, "gpus.yaml")
+
+
+def test_groups_share_a_four_gpu_node_without_overcommitting(tmp_path, four_gpus):
+    exp = _experiment(tmp_path)
+    g = grid.expand(exp)
+    store, stages = Store(exp.root), Recorder()
+    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
+    assert all(store.complete(c.kind, c.key) for c in g)
+
+    traces = [r for r in stages.runs if r["kind"] == "traces"]
+    assert sorted(r["model"] for r in traces) == sorted(TEACHERS)
+    for r in traces:  # each group saw exactly the GPUs its model asks for
+        assert len(r["gpus"]) == TEACHERS[r["model"]][1], r
+    # at no moment do the running groups hold more than 4 GPUs, or one GPU twice
+    for r in stages.runs:
+        at = r["start"]
+        running = [o for o in stages.runs if o["start"] <= at < o["end"]]
+        held = [gpu for o in running for gpu in o["gpus"]]
+        assert len(held) == len(set(held)) <= 4, running
+    # and independent groups did overlap: a (1) + b (1) + c (2) fit at once; d (3) waits
+    overlapping = {
+        frozenset((x["model"], y["model"]))
+        for x in traces
+        for y in traces
+        if x is not y and x["start"] < y["end"] and y["start"] < x["end"]
+    }
+    assert overlapping, "no two traces groups ran at the same time"
+    assert frozenset(("c", "d")) not in overlapping  # 2 + 3 GPUs > 4
+
+
+def test_without_several_gpus_groups_run_one_after_another(tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "node_gpus", lambda: [])  # the mock: a CPU machine
+    exp = _experiment(tmp_path)
+    g = grid.expand(exp)
+    store, stages = Store(exp.root), Recorder()
+    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
+    runs = sorted(stages.runs, key=lambda r: r["start"])
+    assert all(a["end"] <= b["start"] for a, b in zip(runs, runs[1:], strict=False))
+    assert all(r["gpus"] == [] for r in runs)
+
+
+def test_the_allocator_waits_for_free_gpus_and_clamps_large_asks():
+    alloc = devices.Allocator(["0", "1"])
+    assert alloc.want(0) == 0 and alloc.want(0.5) == 1 and alloc.want(8) == 2
+    got: list[tuple[str, ...]] = []
+    with alloc.hold(2) as first:
+        t = threading.Thread(target=lambda: got.append(alloc.hold(1).__enter__()))
+        t.start()
+        t.join(0.2)
+        assert t.is_alive() and got == []  # both GPUs are held
+        assert devices.child_env()["CUDA_VISIBLE_DEVICES"] == "0,1"
+    t.join(5)
+    assert first == ("0", "1") and len(got) == 1 and len(got[0]) == 1
+    assert "CUDA_VISIBLE_DEVICES" not in devices.child_env({})
+
+
+def test_training_workers_get_one_gpu_each(four_gpus):
+    """On GPUs, single-process adapters train in one worker per GPU the group may use: the
+    node's when it runs alone, the ones it holds under the allocator."""
+    assert devices.usable() == ["0", "1", "2", "3"]
+    envs = devices.one_each(3, devices.usable())
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "2"]
+    assert devices.one_each(2, []) == [{}, {}]
+    with devices.Allocator(["2", "3"]).hold(2):
+        assert devices.usable() == ["2", "3"]
+        envs = devices.one_each(3, devices.usable())
+        assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3", "2"]
