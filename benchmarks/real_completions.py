@@ -197,12 +197,30 @@ def meta_prompting(root: Path) -> Iterator[Case]:
             )  # fmt: skip
 
 
+def mmlu_pro(root: Path) -> Iterator[Case]:
+    """MMLU-Pro 5-shot CoT of five open models: the authors' verdict is `pred == answer` (a missing
+    `pred` they replaced by a random guess, which is not stored: here it is no answer)."""
+    import zipfile
+
+    for path in sorted((root / "mmlu-pro/eval_results").glob("*.zip")):
+        model = path.stem.removeprefix("model_outputs_").removesuffix("_5shots")
+        with zipfile.ZipFile(path) as z:
+            records = json.loads(z.read(z.namelist()[0]))
+        for rec in records:
+            yield Case(
+                "mmlu-pro", "mmlu_pro", f"{model} qid {rec['question_id']}",
+                rec["generated_text"] or "", rec["answer"],
+                rec["pred"] is not None and rec["pred"] == rec["answer"], list(rec["options"]),
+            )  # fmt: skip
+
+
 SETS = {
     "openai-grade-school-math": openai_gsm8k,
     "faithful-cot": faithful_cot,
     "plan-and-solve": plan_and_solve,
     "zeroeval": zeroeval,
     "meta-prompting": meta_prompting,
+    "mmlu-pro": mmlu_pro,
 }
 
 
@@ -213,6 +231,8 @@ def _spec(task: str) -> tasks.TaskSpec:
     if task == "date":  # free-form MM/DD/YYYY answers (Faithful-CoT's BIG-bench date)
         spec = tasks.load_task("date_understanding")
         return spec.model_copy(update={"name": "date", "answer_type": "date", "extractor": "date"})
+    if task == "mmlu_pro":  # ten-option multiple choice, read as cotgap reads ARC's
+        return tasks.load_task("arc_challenge").model_copy(update={"name": "mmlu_pro"})
     return tasks.load_task(task)
 
 

@@ -99,7 +99,8 @@ def score(
     """Strict and flexible answers of one completion, side by side; `correct` is the headline.
 
     A truncated generation (finish_reason "length") is never scored as an answer. Only the text
-    after the last </think> is read. `choices` (the item's option texts) lets a choice extractor
+    after the last end of a reasoning part (</think>, <|end_of_thought|>, ...) is read, and
+    within a solution block (<|begin_of_solution|> ...) when there is one. `choices` (the item's option texts) lets a choice extractor
     match an answer given as option text instead of a letter."""
     spec = task_spec(task)
     ex = answers.get_extractor(extractor or spec.extractor)
@@ -111,12 +112,12 @@ def score(
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
-    text = answers.final_segment(completion if isinstance(completion, str) else "")
-    strict, flexible = ex.read(text, choices)
+    text = completion if isinstance(completion, str) else ""
+    strict, flexible = ex.read(answers.final_segment(text, spec.scoring.reasoning_ends), choices)
     kind = ex.answer_types[0]
-    strict_ok = answers.equivalent(kind, strict.value, gold)
+    strict_ok = matches(spec, kind, strict.value, gold)
     same = flexible.value == strict.value
-    flexible_ok = strict_ok if same else answers.equivalent(kind, flexible.value, gold)
+    flexible_ok = strict_ok if same else matches(spec, kind, flexible.value, gold)
     return {
         **out,
         "strict": strict.value,
@@ -128,6 +129,14 @@ def score(
         **strict.fields("strict"),
         **flexible.fields("flexible"),
     }
+
+
+def matches(spec: TaskSpec, kind: str, pred: str | None, gold: str | None) -> bool:
+    """`answers.equivalent` under the task's scoring rules (list order, units)."""
+    rules = spec.scoring
+    return answers.equivalent(
+        kind, pred, gold, ordered=rules.list_order == "as_given", strip_units=rules.units == "strip"
+    )
 
 
 def _no_answer(reason: str, truncated: bool = False) -> dict[str, Any]:
@@ -420,8 +429,8 @@ def record(
     kind = answers.get_extractor(extractor).answer_types[0]
     strict = majority_vote([r["strict"] for r in scored])
     flexible = majority_vote([r["flexible"] for r in scored])
-    strict_ok = answers.equivalent(kind, strict, item.gold)
-    flexible_ok = answers.equivalent(kind, flexible, item.gold)
+    strict_ok = matches(task, kind, strict, item.gold)
+    flexible_ok = matches(task, kind, flexible, item.gold)
     per_sample = ("strict", "flexible", *READING_FIELDS)
     return {
         "id": item.id,
