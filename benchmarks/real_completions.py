@@ -5,8 +5,9 @@
 
 Reads every public set in <data-dir>/real-completions (its README describes them): GPT-3 GSM8K
 solutions (openai-grade-school-math), GPT-4 / GPT-3.5 few-shot CoT (faithful-cot),
-text-davinci-003 Plan-and-Solve (plan-and-solve), chat models on MATH level 5 (zeroeval) and GPT-4
-zero-shot CoT on three BBH tasks (meta-prompting). Each completion is scored by `scoring.score`
+text-davinci-003 Plan-and-Solve (plan-and-solve), chat models on MATH level 5 (zeroeval), GPT-4
+zero-shot CoT on three BBH tasks (meta-prompting) and five 2024 open models' 5-shot CoT on
+MMLU-Pro (mmlu-pro, ten-option multiple choice, read as the arc_challenge task reads its letters). Each completion is scored by `scoring.score`
 under the task cotgap ships for that benchmark (its extractor and headline reading), against the
 set's own gold answer; the original verdict is the stored one, or the repository's own scoring
 logic re-implemented here where only the extracted answer is stored (each re-implementation

@@ -71,6 +71,7 @@ def rates(records: list[dict], headline: str) -> dict[str, Any]:
         r[headline] is None and not r["truncated"] and not r.get("missing") for r in records
     ]
     return {
+        **_two_pass_rates(records),
         "n": n,
         "headline": headline,
         "accuracy": accuracy(r["correct"] for r in records),
@@ -79,6 +80,20 @@ def rates(records: list[dict], headline: str) -> dict[str, Any]:
         "format_failure_rate": sum(failures) / n,
         "truncation_rate": finishes.count("length") / max(1, len(finishes)),
         "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else None,
+    }
+
+
+def _two_pass_rates(records: list[dict]) -> dict[str, Any]:
+    """With the second answer pass (`evaluate.answer_pass`): its own accuracy, beside the
+    one-pass accuracy and never mixed into it; the items it asked again, and those still
+    without an answer after it."""
+    if not any("two_pass_correct" in r for r in records):
+        return {}
+    passes = [r["answer_pass"] for r in records if r.get("answer_pass")]
+    return {
+        "two_pass_accuracy": accuracy(r.get("two_pass_correct", r["correct"]) for r in records),
+        "answer_pass_items": len(passes),
+        "two_pass_format_failure_rate": sum(p["answer"] is None for p in passes) / len(records),
     }
 
 
@@ -137,6 +152,34 @@ def matches(spec: TaskSpec, kind: str, pred: str | None, gold: str | None) -> bo
     return answers.equivalent(
         kind, pred, gold, ordered=rules.list_order == "as_given", strip_units=rules.units == "strip"
     )
+
+
+ANSWER_TRIGGER = "Therefore, the answer is"  # Zero-shot-CoT's answer extraction prompt
+
+
+def needs_answer_pass(task: TaskSpec, rec: dict[str, Any]) -> bool:
+    """A greedy record whose completion ended by itself without a headline answer."""
+    return rec[task.headline] is None and not rec["truncated"]
+
+
+def answer_pass_fields(
+    task: TaskSpec, item: Item, rec: dict[str, Any], second: Sample | None, extractor: str
+) -> dict[str, Any]:
+    """A greedy record's second answer pass: what the model wrote after its completion and
+    ANSWER_TRIGGER (`second`; None where the pass did not run), that text's answer and verdict,
+    and the item's two-pass verdict (the one-pass verdict where the first pass had an answer)."""
+    if second is None:
+        return {"answer_pass": None, "two_pass_correct": rec["correct"]}
+    choices = item.meta.get("choices")
+    r = score(task, ANSWER_TRIGGER + second.text, item.gold, "stop", extractor, choices)
+    passed = {
+        "completion": second.text,
+        "finish_reason": second.finish_reason,
+        "completion_tokens": second.completion_tokens,
+        "answer": r[task.headline],
+        "correct": r["correct"],
+    }
+    return {"answer_pass": passed, "two_pass_correct": r["correct"]}
 
 
 def _no_answer(reason: str, truncated: bool = False) -> dict[str, Any]:
@@ -274,9 +317,24 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
             finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
             samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
             scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
+            if "two_pass_correct" in rec:
+                scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), extractor))
         keep = ("prompt_tokens", "completion_tokens")
         new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
     return new
+
+
+def _rescored_pass(
+    spec: TaskSpec, item: Item, rec: dict[str, Any], stored: dict | None, extractor: str
+) -> dict[str, Any]:
+    """A stored second answer pass, re-scored from its stored text."""
+    from harness.engines.base import Sample
+
+    if stored is None:
+        return answer_pass_fields(spec, item, rec, None, extractor)
+    second = Sample(stored["completion"], (0,) * stored["completion_tokens"], 0,
+                    stored["finish_reason"])  # fmt: skip
+    return answer_pass_fields(spec, item, rec, second, extractor)
 
 
 def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
