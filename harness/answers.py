@@ -163,8 +163,17 @@ class Statement:
     span: str  # the text the value is read from
 
 
-def _statements(text: str, bare_ok: bool) -> list[Statement]:
-    """Explicit answer statements in text order (at most the last _MAX_MARKERS)."""
+# what may stand between two boxes that give one answer together, on one line
+_BOX_JOIN = re.compile(
+    r"[ \t$]*(?:,|;|&|\band\b|\bor\b|\\text\s*\{\s*(?:,|and|or)\s*\}|\\q?quad)?[ \t$]*"
+    r"(?:[a-zA-Z](?:_[0-9a-z]|_\{[0-9a-z]{1,3}\})?\s*=\s*)?[ \t$]*"
+)
+
+
+def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Statement]:
+    """Explicit answer statements in text order (at most the last _MAX_MARKERS). `join_boxes`:
+    boxes that follow each other on one line ("\\boxed{3} and \\boxed{5}") are one statement of
+    a list."""
     found: deque[Statement] = deque(maxlen=_MAX_MARKERS)
     for m in _PHRASE.finditer(text):
         if m.group() == "####":
@@ -186,10 +195,17 @@ def _statements(text: str, bare_ok: bool) -> list[Statement]:
         if value.strip(" \t\n*_`:"):  # "Final Answer:" with nothing after it states nothing
             found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
+    end = -1  # where the previous box closed
     for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
         content = _braced(text, m.end())
-        if content is not None:
+        if content is None:
+            continue
+        if join_boxes and more and end >= 0 and _BOX_JOIN.fullmatch(text, end, m.start()):
+            first = more.pop()  # "x = \boxed{3} or x = \boxed{5}": one answer, the list 3, 5
+            more.append(Statement(first.pos, "boxed", f"{first.span}, {content}"))
+        else:
             more.append(Statement(m.start(), "boxed", content))
+        end = m.end() + len(content) + 1
     tail = text.rstrip()[-_SPAN_CHARS:]
     m = _A_LINE.search(tail)
     if m:
@@ -853,7 +869,7 @@ class Extractor:
             return empty, empty
         text = _before_next_turn(text)
         kind = self.answer_types[0]
-        statements = _statements(text, self.bare_ok)
+        statements = _statements(text, self.bare_ok, join_boxes=self.boxed_first)
         if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
             boxed = [st for st in statements if st.rule == "boxed"]
             statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
