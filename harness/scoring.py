@@ -260,6 +260,9 @@ def score_file(
         scored = score(
             spec, rec["completion"], item.gold, finish, extractor, item.meta.get("choices")
         )
+        if "two_pass_correct" in rec:  # an eval cell's predictions with the second answer pass
+            name = extractor or spec.extractor
+            scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), name))
         results.append({**base, "missing": False, "finish_reason": finish, **scored})
     out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
     atomic_write_text(out, jsonl_text(results), OUT_FIX)
@@ -277,6 +280,7 @@ def score_file(
         "n_predictions": len(preds),
         "excluded_rows": len(spec.exclude),
         **{k: r[k] for k in ("accuracy", "strict_accuracy", "flexible_accuracy")},
+        **{k: r[k] for k in ("two_pass_accuracy", "answer_pass_items") if k in r},
         **{k: r[k] for k in ("format_failure_rate", "truncation_rate")},
         "truncated": sum(x["truncated"] for x in results),
         "missing": len(missing),

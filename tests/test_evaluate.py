@@ -358,9 +358,14 @@ def test_answer_pass_asks_again_only_where_there_is_no_answer(
     for r in failed:
         assert r["answer_pass"]["completion_tokens"] <= evaluate.ANSWER_PASS_TOKENS
         assert r["answer_pass"]["correct"] is r["two_pass_correct"]
-    # re-scoring from the stored texts gives the same two-pass verdicts
-    rescored = scoring.rescore_cell(store.cell_dir("eval", baseline.key))
+    # re-scoring from the stored texts gives the same two-pass verdicts, and so does cotgap score
+    cell = store.cell_dir("eval", baseline.key)
+    rescored = scoring.rescore_cell(cell)
     assert [r["two_pass_correct"] for r in rescored] == [r["two_pass_correct"] for r in recs]
+    summary = scoring.score_file(TASK, cell / "predictions.jsonl", out_path=tmp_path / "s.jsonl")
+    assert summary["answer_pass_items"] == m["answer_pass_items"]
+    scored = {r["id"]: r for r in map(json.loads, (tmp_path / "s.jsonl").open())}
+    assert all(scored[r["id"]]["answer_pass"] == r["answer_pass"] for r in recs)
 
 
 def test_answer_pass_off_leaves_eval_keys_and_records_as_they_were(tmp_path: Path) -> None:
