@@ -374,8 +374,9 @@ def _decimal_words(words: list[str], sign: str) -> str | None:
 
 
 def _number_at(span: str, choices: Choices = None) -> str | None:
-    """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven"); the result
-    of an expression it starts with ("5 + 3 = 8"); else the one number its sentence holds."""
+    """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven", "nine
+    point eight"); the result of an expression it starts with ("5 + 3 = 8"); else the one number
+    its sentence holds, or the number of a sentence that restates the answer."""
     span = _unhedged(_delatex(span))
     sentence = _first_sentence(span)
     m = _NUMBER_AT.match(span)
