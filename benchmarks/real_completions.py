@@ -2,11 +2,13 @@
 
     .venv/bin/python -m benchmarks.real_completions [--data-dir ../shared/data]
         [--sample 3] [--dump results/bench/real_completions.jsonl] [--only faithful-cot]
+        [--verdicts results/bench/verdicts.jsonl] [--compare an-earlier-verdicts.jsonl]
 
 Reads every public set in <data-dir>/real-completions (its README describes them): GPT-3 GSM8K
 solutions (openai-grade-school-math), GPT-4 / GPT-3.5 few-shot CoT (faithful-cot),
-text-davinci-003 Plan-and-Solve (plan-and-solve), chat models on MATH level 5 (zeroeval) and GPT-4
-zero-shot CoT on three BBH tasks (meta-prompting). Each completion is scored by `scoring.score`
+text-davinci-003 Plan-and-Solve (plan-and-solve), chat models on MATH level 5 (zeroeval), GPT-4
+zero-shot CoT on three BBH tasks (meta-prompting) and five 2024 open models' 5-shot CoT on
+MMLU-Pro (mmlu-pro, ten-option multiple choice, read as the arc_challenge task reads its letters). Each completion is scored by `scoring.score`
 under the task cotgap ships for that benchmark (its extractor and headline reading), against the
 set's own gold answer; the original verdict is the stored one, or the repository's own scoring
 logic re-implemented here where only the extracted answer is stored (each re-implementation
@@ -197,12 +199,30 @@ def meta_prompting(root: Path) -> Iterator[Case]:
             )  # fmt: skip
 
 
+def mmlu_pro(root: Path) -> Iterator[Case]:
+    """MMLU-Pro 5-shot CoT of five open models: the authors' verdict is `pred == answer` (a missing
+    `pred` they replaced by a random guess, which is not stored: here it is no answer)."""
+    import zipfile
+
+    for path in sorted((root / "mmlu-pro/eval_results").glob("*.zip")):
+        model = path.stem.removeprefix("model_outputs_").removesuffix("_5shots")
+        with zipfile.ZipFile(path) as z:
+            records = json.loads(z.read(z.namelist()[0]))
+        for rec in records:
+            yield Case(
+                "mmlu-pro", "mmlu_pro", f"{model} qid {rec['question_id']}",
+                rec["generated_text"] or "", rec["answer"],
+                rec["pred"] is not None and rec["pred"] == rec["answer"], list(rec["options"]),
+            )  # fmt: skip
+
+
 SETS = {
     "openai-grade-school-math": openai_gsm8k,
     "faithful-cot": faithful_cot,
     "plan-and-solve": plan_and_solve,
     "zeroeval": zeroeval,
     "meta-prompting": meta_prompting,
+    "mmlu-pro": mmlu_pro,
 }
 
 
@@ -213,6 +233,8 @@ def _spec(task: str) -> tasks.TaskSpec:
     if task == "date":  # free-form MM/DD/YYYY answers (Faithful-CoT's BIG-bench date)
         spec = tasks.load_task("date_understanding")
         return spec.model_copy(update={"name": "date", "answer_type": "date", "extractor": "date"})
+    if task == "mmlu_pro":  # ten-option multiple choice, read as cotgap reads ARC's
+        return tasks.load_task("arc_challenge").model_copy(update={"name": "mmlu_pro"})
     return tasks.load_task(task)
 
 
@@ -228,11 +250,14 @@ def run(root: Path, only: list[str] | None = None) -> dict[str, Any]:
     for name, reader in SETS.items():
         if only and name not in only:
             continue
-        per_task: dict[str, dict] = defaultdict(lambda: {"n": 0, "agree": 0, "disagreements": []})
+        per_task: dict[str, dict] = defaultdict(
+            lambda: {"n": 0, "agree": 0, "disagreements": [], "verdicts": {}}
+        )
         for case in reader(root / "real-completions"):
             verdict = score_case(case)
             row = per_task[case.task]
             row["n"] += 1
+            row["verdicts"][case.source] = (case.original, verdict["correct"])
             if verdict["correct"] == case.original:
                 row["agree"] += 1
             else:
@@ -250,14 +275,49 @@ def run(root: Path, only: list[str] | None = None) -> dict[str, Any]:
     return out
 
 
+def write_verdicts(result: dict[str, Any], path: Path) -> None:
+    """One line per item: set, source, the original verdict and cotgap's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for name, per_task in result.items():
+            for r in per_task.values():
+                for source, (original, ours) in r["verdicts"].items():
+                    rec = {"set": name, "source": source, "original": original, "cotgap": ours}
+                    f.write(json.dumps(rec) + "\n")
+
+
+def compare(result: dict[str, Any], earlier: Path) -> None:
+    """Per set, against an earlier --verdicts file: misses (the authors right, cotgap wrong)
+    then and now, the earlier misses fixed, and the share of the items where cotgap and the
+    authors agreed then whose verdict is unchanged (kept)."""
+    before = {}
+    for line in earlier.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        before[rec["set"], rec["source"]] = rec["cotgap"]
+    print(f"\n{'set':<26} {'misses then':>11} {'now':>6} {'fixed':>6} {'kept':>8}")
+    for name, per_task in result.items():
+        now = {s: v for r in per_task.values() for s, v in r["verdicts"].items()}
+        then = {s: before[name, s] for s in now if (name, s) in before}
+        miss_then = [s for s in then if now[s][0] and not then[s]]
+        miss_now = [s for s, (orig, ours) in now.items() if orig and not ours]
+        fixed = sum(now[s][1] for s in miss_then)
+        agreed = [s for s in then if then[s] == now[s][0]]
+        kept = sum(now[s][1] == then[s] for s in agreed) / max(1, len(agreed))
+        print(f"{name:<26} {len(miss_then):>11} {len(miss_now):>6} {fixed:>6} {100 * kept:>7.2f}%")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data")
     p.add_argument("--sample", type=int, default=3, help="disagreements shown per task")
     p.add_argument("--dump", type=Path, default=None, help="write every disagreement here")
     p.add_argument("--only", default=None, help="comma-separated set names")
+    p.add_argument("--verdicts", type=Path, default=None, help="write every item's verdicts here")
+    p.add_argument("--compare", type=Path, default=None, help="an earlier --verdicts file")
     args = p.parse_args(argv)
     result = run(args.data_dir, args.only.split(",") if args.only else None)
+    if args.verdicts:
+        write_verdicts(result, args.verdicts)
     total_n = total_agree = 0
     print(f"{'set':<26} {'task':<28} {'n':>6} {'agree':>7}")
     for name, per_task in result.items():
@@ -268,6 +328,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<26} {task:<28} {r['n']:>6} {100 * r['agree'] / r['n']:>6.1f}%")
         print(f"{name:<26} {'(all)':<28} {set_n:>6} {100 * set_agree / max(set_n, 1):>6.1f}%")
     print(f"{'overall':<55} {total_n:>6} {100 * total_agree / max(total_n, 1):>6.1f}%")
+    if args.compare:
+        compare(result, args.compare)
     for name, per_task in result.items():
         for task, r in sorted(per_task.items()):
             for d in r["disagreements"][: args.sample]:

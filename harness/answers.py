@@ -76,14 +76,42 @@ _A_LINE = re.compile(r"(?:^|\n)[ \t]*A:[ \t]*([^\n]{1,80}?)[ \t]*$")
 # A new "Q:" turn after the answer: the model went on to invent the next exemplar.
 _NEXT_TURN = re.compile(r"\n[ \t]*(?:Q|Question)[ \t]*:")
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_THINK_END = "</think>"
 _DECOR = " \t*_`'\"“”‘’>#"  # markdown, quotes and fences around a value on its own line
 
+# The ends of a reasoning part in the formats today's models write (R1 distills, QwQ, Sky-T1 /
+# OpenThoughts, Kimi, Gemma/Llama reasoning fine-tunes); a task adds its own (`scoring:
+# reasoning_ends`). Only the text after the last one is scored.
+REASONING_ENDS = (
+    "</think>", "</thinking>", "</thought>", "</reasoning>", "<|end_of_thought|>", "◁/think▷",
+    "<|end_of_reasoning|>", "<|/think|>",
+)  # fmt: skip
+# A solution part that holds the answer: when one opens in the scored text, only its content
+# (to its close, or to the end) is read.
+SOLUTION_BLOCKS = (
+    ("<|begin_of_solution|>", "<|end_of_solution|>"), ("<solution>", "</solution>"),
+    ("<answer>", "</answer>"), ("<|begin_of_answer|>", "<|end_of_answer|>"),
+)  # fmt: skip
 
-def final_segment(text: str) -> str:
-    """The part of a completion that is scored: everything after the last </think>."""
-    cut = text.rfind(_THINK_END)
-    return text if cut < 0 else text[cut + len(_THINK_END) :]
+
+def final_segment(text: str, reasoning_ends: Sequence[str] = ()) -> str:
+    """The part of a completion that is scored: after the last end of a reasoning part
+    (REASONING_ENDS and `reasoning_ends`), and within its last solution block if it has one.
+    A reasoning part that never ends leaves the whole text to be read."""
+    cut = max(
+        ((i + len(end)) for end in (*REASONING_ENDS, *reasoning_ends) if end
+         for i in [text.rfind(end)] if i >= 0),
+        default=0,
+    )  # fmt: skip
+    text = text[cut:]
+    for begin, end in SOLUTION_BLOCKS:
+        start = text.rfind(begin)
+        if start >= 0:
+            body = text[start + len(begin) :]
+            stop = body.find(end)
+            body = body if stop < 0 else body[:stop]
+            if body.strip():
+                return body
+    return text
 
 
 def _before_next_turn(text: str) -> str:
@@ -135,8 +163,17 @@ class Statement:
     span: str  # the text the value is read from
 
 
-def _statements(text: str, bare_ok: bool) -> list[Statement]:
-    """Explicit answer statements in text order (at most the last _MAX_MARKERS)."""
+# what may stand between two boxes that give one answer together, on one line
+_BOX_JOIN = re.compile(
+    r"[ \t$]*(?:,|;|&|\band\b|\bor\b|\\text\s*\{\s*(?:,|and|or)\s*\}|\\q?quad)?[ \t$]*"
+    r"(?:[a-zA-Z](?:_[0-9a-z]|_\{[0-9a-z]{1,3}\})?\s*=\s*)?[ \t$]*"
+)
+
+
+def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Statement]:
+    """Explicit answer statements in text order (at most the last _MAX_MARKERS). `join_boxes`:
+    boxes that follow each other on one line ("\\boxed{3} and \\boxed{5}") are one statement of
+    a list."""
     found: deque[Statement] = deque(maxlen=_MAX_MARKERS)
     for m in _PHRASE.finditer(text):
         if m.group() == "####":
@@ -155,12 +192,20 @@ def _statements(text: str, bare_ok: bool) -> list[Statement]:
             continue
         span = text[m.end() : m.end() + _SPAN_CHARS]
         value = _json_value(span) if rule == "json_answer" else _value_line(span)
-        found.append(Statement(m.start(), rule, value))
+        if value.strip(" \t\n*_`:"):  # "Final Answer:" with nothing after it states nothing
+            found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
+    end = -1  # where the previous box closed
     for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
         content = _braced(text, m.end())
-        if content is not None:
+        if content is None:
+            continue
+        if join_boxes and more and end >= 0 and _BOX_JOIN.fullmatch(text, end, m.start()):
+            first = more.pop()  # "x = \boxed{3} or x = \boxed{5}": one answer, the list 3, 5
+            more.append(Statement(first.pos, "boxed", f"{first.span}, {content}"))
+        else:
             more.append(Statement(m.start(), "boxed", content))
+        end = m.end() + len(content) + 1
     tail = text.rstrip()[-_SPAN_CHARS:]
     m = _A_LINE.search(tail)
     if m:
@@ -222,9 +267,17 @@ _INTEGER = re.compile(r"-?[0-9]+")
 _DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
 
 
+_THOUSANDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])")
+
+
 def _fraction(text: str) -> Fraction | None:
-    """Exact value of '1,080', '-7', '0.75', '3/4', '$18'; None when it is not such a number."""
-    s = text.replace(",", "").replace("$", "").replace(" ", "").replace("−", "-")
+    """Exact value of '1,080', '-7', '0.75', '3/4', '$18'; None when it is not such a number
+    ('18, 14, 7' is a list: a comma separates thousands only in groups of three digits)."""
+    s = text.replace("$", "").replace(" ", "").replace("−", "-")
+    if "," in s:
+        if _THOUSANDS.sub("", s).count(",") or not _THOUSANDS.search(s):
+            return None
+        s = s.replace(",", "")
     if not s:
         return None
     if _INTEGER.fullmatch(s):  # most answers: int() is many times faster than Fraction(str)
@@ -300,6 +353,8 @@ def _number_word_at(span: str) -> str | None:
     words = m.group().lower().split()
     sign = "-" if words[0] in ("minus", "negative") else ""
     words = words[1:] if sign else words
+    if "point" in words[1:]:  # "nine point eight": a decimal point between number words
+        return _decimal_words(words, sign)
     for n in range(len(words), 0, -1):
         if words[n - 1] == "and":
             continue
@@ -311,9 +366,17 @@ def _number_word_at(span: str) -> str | None:
     return None
 
 
+def _decimal_words(words: list[str], sign: str) -> str | None:
+    from text_to_num import alpha2digit
+
+    m = re.match(r"[0-9]+\.[0-9]+(?![0-9])", alpha2digit(" ".join(words), "en"))
+    return canonical_number(sign + m.group()) if m else None
+
+
 def _number_at(span: str, choices: Choices = None) -> str | None:
-    """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven"); the result
-    of an expression it starts with ("5 + 3 = 8"); else the one number its sentence holds."""
+    """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven", "nine
+    point eight"); the result of an expression it starts with ("5 + 3 = 8"); else the one number
+    its sentence holds, or the number of a sentence that restates the answer."""
     span = _unhedged(_delatex(span))
     sentence = _first_sentence(span)
     m = _NUMBER_AT.match(span)
@@ -327,7 +390,32 @@ def _number_at(span: str, choices: Choices = None) -> str | None:
     if word is not None:
         return word
     values = {_number_from(x) for x in _NUMBER.finditer(sentence)} - {None}
-    return values.pop() if len(values) == 1 else None
+    if len(values) == 1:
+        return values.pop()
+    return _restated_number(sentence) if values else None
+
+
+_COPULA = re.compile(r"\s(?:is|are|was|were|equals|(?:will|would)\s+be)\b")
+_LEADING_CLAUSE = re.compile(r"[A-Z][^,\n]{0,60}?[0-9][^,\n]{0,40},\s+(?=[a-zA-Z])")
+
+
+def _restated_number(sentence: str) -> str | None:
+    """The number of an answer restated as a sentence of its own ("Answer:\nKaren earns $120 in
+    two days if she works 3 hours per day."): the result of its last "=", else the number right
+    after its verb "is" ("the profit from 20 candles is $30"), else its first number after an
+    opening clause ("After 10 years, Tom has 91 trees" gives 91)."""
+    if not sentence[:1].isupper():
+        return None
+    if "=" in sentence:
+        m = _NUMBER_AT.match(sentence.rpartition("=")[2])
+        return _number_from(m) if m else None
+    for verb in _COPULA.finditer(sentence):  # "... from selling 20 candles is $30.00"
+        m = _NUMBER_AT.match(sentence, verb.end())
+        if m:
+            return _number_from(m)
+    m = _LEADING_CLAUSE.match(sentence)
+    first = _NUMBER.search(sentence, m.end() if m else 0)
+    return _number_from(first) if first else None
 
 
 def _newest(
@@ -540,7 +628,7 @@ def _word_extractor(kind: str) -> Extractor:
             return f"{m.group(1).lower()}, {m.group(2).lower()}"
         return None
 
-    return Extractor(kind, 2, (kind,), parse_at, last, several=several)
+    return Extractor(kind, 3, (kind,), parse_at, last, several=several)
 
 
 # --- free strings --------------------------------------------------------------------------------------
@@ -655,15 +743,55 @@ def _mv_timeout() -> int | None:
 
 
 @functools.lru_cache(maxsize=8192)
-def _mv_parse(text: str, timeout: int | None) -> tuple:
-    from math_verify import parse
+def _mv_parse(text: str, timeout: int | None, units: bool) -> tuple:
+    """Math-Verify's reading of an answer. Its unit normalisation (`units`) also drops letters
+    that are variables (the m of \\frac{37}{4}m), so it is used only where a task strips units."""
+    from latex2sympy2_extended.math_normalization import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse
 
-    return tuple(parse("\\boxed{" + text + "}", parsing_timeout=timeout))
+    norm = NormalizationConfig(basic_latex=True, units=units, malformed_operators=True, nits=True,
+                               boxed="all", equations=False)  # fmt: skip
+    config = [LatexExtractionConfig(normalization_config=norm)]
+    return tuple(parse("\\boxed{" + text + "}", config, parsing_timeout=timeout))
 
 
-def _math_equivalent(pred: str, gold: str) -> bool:
+# 1e-5, 2.5E+3: scientific notation as LaTeX writes it (Math-Verify reads "e" as Euler's number)
+_E_NOTATION = re.compile(r"(?<![\w.])([0-9]+(?:\.[0-9]+)?)[eE]([-+]?[0-9]+)(?![\w.])")
+# an ordinal's suffix: 12^{\mathrm{th}}, 3^\text{rd}, 21st
+_ORDINAL = re.compile(
+    r"(?<=[0-9])\s*(?:\^\s*)?(?:\{\s*)?(?:\\(?:mathrm|text|textrm|rm)\s*\{?\s*)?(?:th|st|nd|rd)\b\s*\}?\s*\}?"
+)
+# a unit after a value: \text{ cm}, \,\mathrm{kcal\,m}^{-2}, \text{ grade}
+_UNIT_TAIL = re.compile(
+    r"(?:\s|\\[,;:! ])*\\(?:text|textrm|mathrm|mbox|rm)\s*\{[^{}]{0,60}\}"
+    r"(?:\s*\^\s*(?:\{[^{}]{0,10}\}|-?[0-9a-z]))?(?:\s|\\[,;:! ])*$"
+)
+_TOP_LEVEL_LIST = re.compile(r"[^()\[\]{}]*,[^()\[\]{}]*")
+
+
+def _math_form(s: str, ordered: bool, strip_units: bool) -> str:
+    """An answer rewritten for Math-Verify: scientific notation as \\times 10^{n}, no ordinal
+    suffix, no unit after the value (where the task strips units), a bare list as a tuple (where
+    its order matters)."""
+    s = _E_NOTATION.sub(r"\1\\times 10^{\2}", s.strip())
+    s = _ORDINAL.sub("", s)
+    if strip_units:
+        for _ in range(3):
+            bare = _UNIT_TAIL.sub("", s)
+            if bare == s or not re.search(r"[0-9]", bare):
+                break
+            s = bare
+    if ordered and _TOP_LEVEL_LIST.fullmatch(s) and _fraction(_delatex(s)) is None:
+        s = f"({s})"
+    return s
+
+
+def _math_equivalent(
+    pred: str, gold: str, ordered: bool = False, strip_units: bool = False
+) -> bool:
     if _latex_key(pred) == _latex_key(gold):
         return True
+    pred, gold = (_math_form(x, ordered, strip_units) for x in (pred, gold))
     p, g = _fraction(_delatex(pred)), _fraction(_delatex(gold))
     if p is not None and g is not None:
         return p == g
@@ -672,13 +800,19 @@ def _math_equivalent(pred: str, gold: str) -> bool:
     from math_verify import verify
 
     timeout = _mv_timeout()
-    try:
-        gold_parsed, pred_parsed = _mv_parse(gold, timeout), _mv_parse(pred, timeout)
-        if not gold_parsed or not pred_parsed:
-            return False
-        return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout))
-    except Exception:  # Math-Verify's sympy layer can fail in many ways; none of them is a match.
-        return False
+    for units in (False, True) if strip_units else (False,):
+        try:
+            gold_parsed = _mv_parse(gold, timeout, units)
+            pred_parsed = _mv_parse(pred, timeout, units)
+            if (
+                gold_parsed
+                and pred_parsed
+                and verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout)
+            ):
+                return True
+        except Exception:  # Math-Verify's sympy layer can fail in many ways; none is a match.
+            pass
+    return False
 
 
 # --- the registry ----------------------------------------------------------------------------------
@@ -736,7 +870,7 @@ class Extractor:
             return empty, empty
         text = _before_next_turn(text)
         kind = self.answer_types[0]
-        statements = _statements(text, self.bare_ok)
+        statements = _statements(text, self.bare_ok, join_boxes=self.boxed_first)
         if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
             boxed = [st for st in statements if st.rule == "boxed"]
             statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
@@ -775,14 +909,14 @@ class Extractor:
 
 
 EXTRACTORS: dict[str, Extractor] = {
-    "number": Extractor("number", 2, ("number",), _number_at, _number_last),
-    "math": Extractor("math", 2, ("math", "number"), _math_at, _math_last, boxed_first=True),
+    "number": Extractor("number", 3, ("number",), _number_at, _number_last),
+    "math": Extractor("math", 3, ("math", "number"), _math_at, _math_last, boxed_first=True),
     "choice": Extractor(
-        "choice", 2, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
+        "choice", 3, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
     ),
     **{kind: _word_extractor(kind) for kind in _WORDS},
-    "string": Extractor("string", 3, ("string",), _string_at, _string_last),
-    "date": Extractor("date", 2, ("date",), _date_at, _date_last),
+    "string": Extractor("string", 4, ("string",), _string_at, _string_last),
+    "date": Extractor("date", 3, ("date",), _date_at, _date_last),
 }
 
 
@@ -820,14 +954,25 @@ def canonical(answer_type: str, raw: object) -> str | None:
     raise UserError(f"unknown answer type {answer_type!r}; valid: {', '.join(ANSWER_TYPES)}.")
 
 
-def equivalent(answer_type: str, pred: str | None, gold: str | None) -> bool:
-    """Whether an extracted answer matches the gold answer under this answer type's rules."""
+def equivalent(
+    answer_type: str,
+    pred: str | None,
+    gold: str | None,
+    *,
+    ordered: bool = False,
+    strip_units: bool = False,
+) -> bool:
+    """Whether an extracted answer matches the gold answer under this answer type's rules.
+
+    For math answers the task decides (tasks/<name>.yaml `scoring`) whether a bare list's order
+    matters (`ordered`; tuples, intervals and matrices are always compared as such) and whether
+    a unit after a value is left out (`strip_units`)."""
     if pred is None or gold is None:
         return False
     if answer_type == "number":
         return _number_equivalent(pred, gold)
     if answer_type == "math":
-        return _math_equivalent(pred, gold)
+        return _math_equivalent(pred, gold, ordered, strip_units)
     if answer_type == "string":
         p, g = canonical_string(pred), canonical_string(gold)
         return p is not None and g is not None and _string_key(p) == _string_key(g)

@@ -29,6 +29,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -322,6 +323,11 @@ class EvalConfig(SamplingConfig):
 
     decoding: Literal["greedy", "self_consistency"] = "greedy"
     extractor: str | None = Field(None, description="override the task's extractor by name")
+    answer_pass: bool = Field(
+        False,
+        description="greedy: ask the model once more, after its completion and 'Therefore, the "
+        "answer is', where the completion gives no answer; reported as two_pass_accuracy",
+    )
 
     @model_validator(mode="after")
     def _decoding(self) -> EvalConfig:
@@ -329,7 +335,16 @@ class EvalConfig(SamplingConfig):
             raise ValueError("decoding: greedy needs n: 1 and temperature: 0")
         if self.decoding == "self_consistency" and (self.n < 2 or self.temperature == 0):
             raise ValueError("decoding: self_consistency needs n >= 2 and temperature > 0")
+        if self.answer_pass and self.decoding != "greedy":
+            raise ValueError("answer_pass: needs decoding: greedy")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.answer_pass:  # off: left out, so that the keys of existing eval cells stay
+            data.pop("answer_pass", None)
+        return data
 
 
 class AnalysisConfig(Strict):

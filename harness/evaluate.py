@@ -206,9 +206,9 @@ def _evaluate_cells(
             ]
             t0, tokens = time.perf_counter(), 0
             stream = engine.stream(batch, sampling, [job.adapter for job, _ in window])
-            for i, samples in engines.in_request_order(stream):
+            for i, samples, rec in _scored(window, batch, engines.in_request_order(stream), ev,
+                                           engine):  # fmt: skip
                 job, item = window[i]
-                rec = record(job.task, item, samples, job.cell.extractor, ev.decoding)
                 job.writer.write(rec)
                 job.records.append(rec)
                 job.tokens += sum(s.completion_tokens for s in samples)
@@ -222,6 +222,40 @@ def _evaluate_cells(
                     job.generation_s += time.perf_counter() - t0
                     job.batch_tokens += tokens
     return results
+
+
+ANSWER_PASS_TOKENS = 32  # Zero-shot-CoT's budget for the answer after its trigger
+
+
+def _scored(window: list, batch: list, pairs: Any, ev: Any, engine: Engine) -> Any:
+    """(request index, samples, record) of each item of a window, in request order. With
+    `answer_pass`, the window's items without an answer are asked once more first (one engine
+    call), and every record carries its two-pass fields."""
+    made = (
+        (i, samples, record(window[i][0].task, window[i][1], samples, window[i][0].cell.extractor,
+                            ev.decoding))
+        for i, samples in pairs
+    )  # fmt: skip
+    if not ev.answer_pass:
+        yield from made
+        return
+    made = list(made)
+    again = [
+        k for k, (i, _, rec) in enumerate(made) if scoring.needs_answer_pass(window[i][0].task, rec)
+    ]
+    asks = [
+        dataclasses.replace(batch[made[k][0]],
+                            continuation=made[k][1][0].text.rstrip() + "\n" + scoring.ANSWER_TRIGGER)
+        for k in again
+    ]  # fmt: skip
+    sampling = Sampling(max_tokens=ANSWER_PASS_TOKENS, stop=(*ev.stop, "\n\n"), seed=ev.seed)
+    adapters = [window[made[k][0]][0].adapter for k in again]
+    outs = engine.generate(asks, sampling, adapters) if asks else []
+    seconds = {k: out[0] for k, out in zip(again, outs, strict=True)}
+    for k, (i, samples, rec) in enumerate(made):
+        job, item = window[i]
+        extra = scoring.answer_pass_fields(job.task, item, rec, seconds.get(k), job.cell.extractor)
+        yield i, samples, {**rec, **extra}
 
 
 def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared: int) -> dict:

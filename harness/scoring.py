@@ -71,6 +71,7 @@ def rates(records: list[dict], headline: str) -> dict[str, Any]:
         r[headline] is None and not r["truncated"] and not r.get("missing") for r in records
     ]
     return {
+        **_two_pass_rates(records),
         "n": n,
         "headline": headline,
         "accuracy": accuracy(r["correct"] for r in records),
@@ -79,6 +80,20 @@ def rates(records: list[dict], headline: str) -> dict[str, Any]:
         "format_failure_rate": sum(failures) / n,
         "truncation_rate": finishes.count("length") / max(1, len(finishes)),
         "mean_completion_tokens": sum(lengths) / len(lengths) if lengths else None,
+    }
+
+
+def _two_pass_rates(records: list[dict]) -> dict[str, Any]:
+    """With the second answer pass (`evaluate.answer_pass`): its own accuracy, beside the
+    one-pass accuracy and never mixed into it; the items it asked again, and those still
+    without an answer after it."""
+    if not any("two_pass_correct" in r for r in records):
+        return {}
+    passes = [r["answer_pass"] for r in records if r.get("answer_pass")]
+    return {
+        "two_pass_accuracy": accuracy(r.get("two_pass_correct", r["correct"]) for r in records),
+        "answer_pass_items": len(passes),
+        "two_pass_format_failure_rate": sum(p["answer"] is None for p in passes) / len(records),
     }
 
 
@@ -99,7 +114,8 @@ def score(
     """Strict and flexible answers of one completion, side by side; `correct` is the headline.
 
     A truncated generation (finish_reason "length") is never scored as an answer. Only the text
-    after the last </think> is read. `choices` (the item's option texts) lets a choice extractor
+    after the last end of a reasoning part (</think>, <|end_of_thought|>, ...) is read, and
+    within a solution block (<|begin_of_solution|> ...) when there is one. `choices` (the item's option texts) lets a choice extractor
     match an answer given as option text instead of a letter."""
     spec = task_spec(task)
     ex = answers.get_extractor(extractor or spec.extractor)
@@ -111,12 +127,12 @@ def score(
     out: dict[str, Any] = {"extractor": ex.name, "extractor_version": ex.version}
     if finish_reason == "length":
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
-    text = answers.final_segment(completion if isinstance(completion, str) else "")
-    strict, flexible = ex.read(text, choices)
+    text = completion if isinstance(completion, str) else ""
+    strict, flexible = ex.read(answers.final_segment(text, spec.scoring.reasoning_ends), choices)
     kind = ex.answer_types[0]
-    strict_ok = answers.equivalent(kind, strict.value, gold)
+    strict_ok = matches(spec, kind, strict.value, gold)
     same = flexible.value == strict.value
-    flexible_ok = strict_ok if same else answers.equivalent(kind, flexible.value, gold)
+    flexible_ok = strict_ok if same else matches(spec, kind, flexible.value, gold)
     return {
         **out,
         "strict": strict.value,
@@ -128,6 +144,42 @@ def score(
         **strict.fields("strict"),
         **flexible.fields("flexible"),
     }
+
+
+def matches(spec: TaskSpec, kind: str, pred: str | None, gold: str | None) -> bool:
+    """`answers.equivalent` under the task's scoring rules (list order, units)."""
+    rules = spec.scoring
+    return answers.equivalent(
+        kind, pred, gold, ordered=rules.list_order == "as_given", strip_units=rules.units == "strip"
+    )
+
+
+ANSWER_TRIGGER = "Therefore, the answer is"  # Zero-shot-CoT's answer extraction prompt
+
+
+def needs_answer_pass(task: TaskSpec, rec: dict[str, Any]) -> bool:
+    """A greedy record whose completion ended by itself without a headline answer."""
+    return rec[task.headline] is None and not rec["truncated"]
+
+
+def answer_pass_fields(
+    task: TaskSpec, item: Item, rec: dict[str, Any], second: Sample | None, extractor: str
+) -> dict[str, Any]:
+    """A greedy record's second answer pass: what the model wrote after its completion and
+    ANSWER_TRIGGER (`second`; None where the pass did not run), that text's answer and verdict,
+    and the item's two-pass verdict (the one-pass verdict where the first pass had an answer)."""
+    if second is None:
+        return {"answer_pass": None, "two_pass_correct": rec["correct"]}
+    choices = item.meta.get("choices")
+    r = score(task, ANSWER_TRIGGER + second.text, item.gold, "stop", extractor, choices)
+    passed = {
+        "completion": second.text,
+        "finish_reason": second.finish_reason,
+        "completion_tokens": second.completion_tokens,
+        "answer": r[task.headline],
+        "correct": r["correct"],
+    }
+    return {"answer_pass": passed, "two_pass_correct": r["correct"]}
 
 
 def _no_answer(reason: str, truncated: bool = False) -> dict[str, Any]:
@@ -208,6 +260,9 @@ def score_file(
         scored = score(
             spec, rec["completion"], item.gold, finish, extractor, item.meta.get("choices")
         )
+        if "two_pass_correct" in rec:  # an eval cell's predictions with the second answer pass
+            name = extractor or spec.extractor
+            scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), name))
         results.append({**base, "missing": False, "finish_reason": finish, **scored})
     out = Path(out_path) if out_path else pred_path.with_name(pred_path.stem + ".scored.jsonl")
     atomic_write_text(out, jsonl_text(results), OUT_FIX)
@@ -225,6 +280,7 @@ def score_file(
         "n_predictions": len(preds),
         "excluded_rows": len(spec.exclude),
         **{k: r[k] for k in ("accuracy", "strict_accuracy", "flexible_accuracy")},
+        **{k: r[k] for k in ("two_pass_accuracy", "answer_pass_items") if k in r},
         **{k: r[k] for k in ("format_failure_rate", "truncation_rate")},
         "truncated": sum(x["truncated"] for x in results),
         "missing": len(missing),
@@ -265,9 +321,24 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
             finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
             samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
             scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
+            if "two_pass_correct" in rec:
+                scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), extractor))
         keep = ("prompt_tokens", "completion_tokens")
         new.append({**scored, **{k: rec[k] for k in keep if k in rec}})
     return new
+
+
+def _rescored_pass(
+    spec: TaskSpec, item: Item, rec: dict[str, Any], stored: dict | None, extractor: str
+) -> dict[str, Any]:
+    """A stored second answer pass, re-scored from its stored text."""
+    from harness.engines.base import Sample
+
+    if stored is None:
+        return answer_pass_fields(spec, item, rec, None, extractor)
+    second = Sample(stored["completion"], (0,) * stored["completion_tokens"], 0,
+                    stored["finish_reason"])  # fmt: skip
+    return answer_pass_fields(spec, item, rec, second, extractor)
 
 
 def rescore_partial(cell: Path, data_dir: str | Path | None = None) -> None:
@@ -420,8 +491,8 @@ def record(
     kind = answers.get_extractor(extractor).answer_types[0]
     strict = majority_vote([r["strict"] for r in scored])
     flexible = majority_vote([r["flexible"] for r in scored])
-    strict_ok = answers.equivalent(kind, strict, item.gold)
-    flexible_ok = answers.equivalent(kind, flexible, item.gold)
+    strict_ok = matches(task, kind, strict, item.gold)
+    flexible_ok = matches(task, kind, flexible, item.gold)
     per_sample = ("strict", "flexible", *READING_FIELDS)
     return {
         "id": item.id,

@@ -165,6 +165,21 @@ class Exclusion(Strict):
     reason: str
 
 
+class Scoring(Strict):
+    """How the task compares and reads answers beyond its answer type's own rules."""
+
+    list_order: Literal["any", "as_given"] = Field(
+        "any", description="math: whether a bare list (18, 14, 7) must be in the gold's order"
+    )
+    units: Literal["keep", "strip"] = Field(
+        "keep", description="math: strip a unit written after a value (5 \\text{ cm} is 5)"
+    )
+    reasoning_ends: tuple[str, ...] = Field(
+        (),
+        description="ends of a reasoning part, beside the built-in ones (answers.REASONING_ENDS)",
+    )
+
+
 class TaskSpec(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_]{0,63}$")
     version: int = Field(ge=1)
@@ -184,6 +199,7 @@ class TaskSpec(Strict):
     exclude: tuple[Exclusion, ...] = Field((), description="rows left out, with the reason")
     prompt: Prompt
     fewshot: FewShotRef | None = None
+    scoring: Scoring = Scoring()
 
     @model_validator(mode="after")
     def _consistent(self) -> TaskSpec:

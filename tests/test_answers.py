@@ -14,11 +14,14 @@ from hypothesis import strategies as st
 from harness import answers
 from harness.answers import EXTRACTORS, canonical, equivalent, final_segment
 from harness.errors import UserError
+from harness.scoring import explain, score
+from harness.tasks import Scoring, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"
 EXTRACTION = yaml.safe_load((FIXTURES / "extraction.yaml").read_text(encoding="utf-8"))
 EQUIVALENCE = yaml.safe_load((FIXTURES / "equivalence.yaml").read_text(encoding="utf-8"))
 GOLDEN = yaml.safe_load((FIXTURES / "golden.yaml").read_text(encoding="utf-8"))
+VERDICTS = yaml.safe_load((FIXTURES / "verdicts.yaml").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("case", EXTRACTION, ids=lambda c: f"{c['extractor']}:{c['note']}")
@@ -49,6 +52,39 @@ def test_golden_styles_cover_every_answer_type_and_style():
         "chat_preamble", "zero_shot_cot", "several", "hedge", "non_answer", "next_line",
         "not_a_letter", "number_words", "spaced_letters", "punctuation", "json",
     }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", VERDICTS, ids=lambda c: f"{c['class']}:{c['family']}:{c.get('note', c['gold'])}"
+)
+def test_golden_verdicts(case):
+    """A whole completion scored under a shipped task: reasoning delimiters, equivalence, the
+    answer's reading, with the task's scoring rules (or the case's own)."""
+    spec = load_task(case["task"])
+    if "scoring" in case:
+        spec = spec.model_copy(update={"scoring": Scoring(**case["scoring"])})
+    gold = canonical(spec.answer_type, case["gold"])
+    assert gold is not None
+    result = score(spec, case["completion"], gold)
+    assert result["correct"] is case["correct"], explain({"id": "-", "gold": gold, **result})
+
+
+def test_golden_verdicts_cover_each_class_in_four_families():
+    families: dict[str, set[str]] = {}
+    for case in VERDICTS:
+        families.setdefault(case["class"], set()).add(case["family"].split("-")[0])
+    for cls in ("delimiters", "equal_forms", "not_equal", "number_words", "percent", "next_line"):
+        assert len(families[cls]) >= 4, (cls, families[cls])
+
+
+def test_math_equivalence_follows_the_task_rules():
+    assert equivalent("math", "18, 14, 7", "7,14,18")
+    assert not equivalent("math", "18, 14, 7", "7,14,18", ordered=True)
+    assert equivalent("math", "(3,-1)", "(3, -1)", ordered=True)
+    assert not equivalent("math", "5 \\text{ cm}", "5")
+    assert equivalent("math", "5 \\text{ cm}", "5", strip_units=True)
+    assert equivalent("math", "\\frac{37}{4}m", "\\frac{37m}{4}", strip_units=True)
+    assert not equivalent("math", "\\text{Evelyn}", "5", strip_units=True)
 
 
 def test_several_answers_are_no_answer_with_a_reason():
@@ -117,6 +153,17 @@ def test_canonical_gold_forms(answer_type, raw, expected):
 def test_final_segment_is_after_the_last_think():
     assert final_segment("a</think>b</think> The answer is 3.") == " The answer is 3."
     assert final_segment("no thinking") == "no thinking"
+
+
+def test_final_segment_reads_the_solution_part():
+    text = (
+        "<|begin_of_thought|>4?<|end_of_thought|><|begin_of_solution|>It is 5.<|end_of_solution|>"
+    )
+    assert final_segment(text) == "It is 5."
+    assert final_segment("<think>3</think>x<answer>7</answer>") == "7"
+    assert final_segment("a ◁/think▷ b") == " b"
+    assert final_segment("a [DONE] b", ("[DONE]",)) == " b"
+    assert final_segment("<think>never closed, 3") == "<think>never closed, 3"
 
 
 def test_extractors_return_none_on_non_text():

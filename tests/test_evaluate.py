@@ -325,3 +325,53 @@ def test_cotgap_score_reproduces_the_metrics_of_varied_completions(tmp_path: Pat
     summary = json.loads(result.stdout)
     for k in ("n", "accuracy", "strict_accuracy", "flexible_accuracy"):
         assert summary[k] == m[k], k
+
+
+@pytest.mark.parametrize("engine", ["vllm", "hf"])
+def test_answer_pass_asks_again_only_where_there_is_no_answer(
+    tmp_path: Path, student_dir: Path, engine: str
+) -> None:
+    """The second answer pass on the test zoo's student, with each engine: a stop string cuts
+    every completion before its "The answer is", so each item is a format failure that the
+    pass (completion + "Therefore, the answer is") asks again; the one-pass verdicts stay as
+    they were, and the two-pass accuracy is reported beside them."""
+    if engine == "hf":
+        pytest.importorskip("transformers")
+    exp = experiment(tmp_path, test_limit=12, engine=engine, answer_pass=True,
+                     stop=["The answer"])  # fmt: skip
+    baseline, _, _ = student_cells(exp)
+    store = Store(exp.root)
+    [m] = evaluate.run(exp, store, [baseline], progress=False, inprocess=True).values()
+    recs = [
+        json.loads(x) for x in cell_file({"store": store}, baseline, "predictions.jsonl").open()
+    ]
+    failed = [r for r in recs if r["strict"] is None and not r["truncated"]]
+    assert failed and m["answer_pass_items"] == len(failed)
+    assert all((r["answer_pass"] is not None) == (r in failed) for r in recs)
+    assert m["accuracy"] == sum(r["correct"] for r in recs) / len(recs) == m["strict_accuracy"]
+    assert m["two_pass_accuracy"] == sum(r["two_pass_correct"] for r in recs) / len(recs)
+    answered = [r for r in failed if r["answer_pass"]["answer"] is not None]
+    assert answered, "the student gives an answer after the trigger"
+    gained = sum(r["answer_pass"]["correct"] for r in failed)
+    assert m["two_pass_accuracy"] == pytest.approx(m["accuracy"] + gained / len(recs))
+    assert m["two_pass_format_failure_rate"] == (len(failed) - len(answered)) / len(recs)
+    for r in failed:
+        assert r["answer_pass"]["completion_tokens"] <= evaluate.ANSWER_PASS_TOKENS
+        assert r["answer_pass"]["correct"] is r["two_pass_correct"]
+    # re-scoring from the stored texts gives the same two-pass verdicts, and so does cotgap score
+    cell = store.cell_dir("eval", baseline.key)
+    rescored = scoring.rescore_cell(cell)
+    assert [r["two_pass_correct"] for r in rescored] == [r["two_pass_correct"] for r in recs]
+    summary = scoring.score_file(TASK, cell / "predictions.jsonl", out_path=tmp_path / "s.jsonl")
+    assert summary["answer_pass_items"] == m["answer_pass_items"]
+    scored = {r["id"]: r for r in map(json.loads, (tmp_path / "s.jsonl").open())}
+    assert all(scored[r["id"]]["answer_pass"] == r["answer_pass"] for r in recs)
+
+
+def test_answer_pass_off_leaves_eval_keys_and_records_as_they_were(tmp_path: Path) -> None:
+    plain, off = experiment(tmp_path), experiment(tmp_path, answer_pass=False)
+    on = experiment(tmp_path, answer_pass=True)
+    assert student_cells(plain)[0].key == student_cells(off)[0].key != student_cells(on)[0].key
+    assert "answer_pass" not in canonical(off.evaluate)
+    with pytest.raises(ValueError, match="answer_pass: needs decoding: greedy"):
+        experiment(tmp_path, answer_pass=True, decoding="self_consistency", n=3, temperature=0.7)

@@ -29,11 +29,14 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One prompt: a user-message string, or a list of chat messages ({"role", "content"})."""
+    """One prompt: a user-message string, or a list of chat messages ({"role", "content"}).
+    `continuation`: text the model's turn already begins with, which it goes on from (the
+    second answer pass: its completion + "Therefore, the answer is")."""
 
     id: str
     prompt: str | None = None
     messages: Sequence[Mapping[str, str]] | None = None
+    continuation: str = ""
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -191,11 +194,19 @@ class Engine:
                     f"model {self.spec.name!r} has `chat_template: false`, but request "
                     f"{chats[0]!r} is a chat; send a prompt string."
                 )
-            return [list(ids) for ids in self.tokenizer([r.prompt for r in requests])["input_ids"]]
+            texts = [(r.prompt or "") + r.continuation for r in requests]
+            return [list(ids) for ids in self.tokenizer(texts)["input_ids"]]
         conversations = [
             [dict(m) for m in r.messages or [{"role": "user", "content": r.prompt}]]
             for r in requests
         ]
+        if any(r.continuation for r in requests):  # the turn's text goes on after the template's
+            texts = self.tokenizer.apply_chat_template(
+                conversations, add_generation_prompt=True, tokenize=False
+            )
+            texts = [t + r.continuation for t, r in zip(texts, requests, strict=True)]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            return [list(x) for x in ids]
         ids = self.tokenizer.apply_chat_template(
             conversations, add_generation_prompt=True, tokenize=True, return_dict=False
         )
