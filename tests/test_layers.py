@@ -13,7 +13,16 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parents[1] / "harness"
 LAYERS = [  # lowest first; a module may import its own layer and the ones below
-    {"errors", "stats", "answers", "progress", "regimes", "precision", "sandbox.tokenizer"},
+    {
+        "errors",
+        "stats",
+        "inference",
+        "answers",
+        "progress",
+        "regimes",
+        "precision",
+        "sandbox.tokenizer",
+    },
     {"config", "devices"},
     {"store", "costs"},
     {"tasks", "models", "gguf", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
