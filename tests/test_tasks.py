@@ -762,3 +762,25 @@ def test_source_version_is_the_sandbox_generators_version():
 
     assert tasks.load_task("sandbox_addition").source_version == sandbox.VERSION == 1
     assert tasks.load_task("gsm8k").source_version is None
+
+
+def test_task_path_adds_folders_next_to_the_built_in_tasks(tmp_path, monkeypatch):
+    """COTGAP_TASK_PATH: a task in an extra folder is found by name beside every built-in task,
+    and shadows a built-in of the same name."""
+    from harness import config, tasks
+
+    builtin = config.task_names()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    text = (config.tasks_dir() / "gsm8k.yaml").read_text(encoding="utf-8")
+    (mine / "gsm8k.yaml").write_text(text.replace("version:", "# mine\nversion:", 1))
+    (mine / "my_copy.yaml").write_text(text.replace("name: gsm8k", "name: my_copy", 1))
+    monkeypatch.setenv("COTGAP_TASK_PATH", str(mine))
+    assert set(config.task_names()) == set(builtin) | {"my_copy"}
+    assert config.task_file("gsm8k") == mine / "gsm8k.yaml"
+    assert config.task_file("my_copy") == mine / "my_copy.yaml"
+    assert config.task_file("svamp") == config.tasks_dir() / "svamp.yaml"
+    assert tasks.load_task("my_copy").name == "my_copy"
+    monkeypatch.delenv("COTGAP_TASK_PATH")
+    with pytest.raises(UserError, match="COTGAP_TASK_PATH adds folders"):
+        tasks.load_task("my_copy")
