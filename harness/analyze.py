@@ -650,6 +650,9 @@ def capacity_gap(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
     teachers, once for all its groups. When accuracy and size order every task's teachers the
     same way the two are one relation (`collinear`), reported once."""
     have = means.dropna(subset=["gain"])
+    if have.empty:
+        none = inference.teacher_permutation_test({}, {}, {})
+        return {"gain~teacher_acc": none, "gain~teacher_size": none, "collinear": False}
     group = have[_GROUP].astype(str).agg("/".join, axis=1)
     values = {(g, t): v for g, t, v in zip(group, have["teacher"], have["gain"], strict=True)}
     clusters = dict(zip(group, have["task"], strict=True))

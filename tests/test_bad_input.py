@@ -638,9 +638,9 @@ def test_results_directory_in_use(ws: Workspace, wait: float | None) -> None:
 # --- a full disk ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("writes_before_full", [0, 2], ids=["first_write", "report_write"])
+@pytest.mark.parametrize("writes_before_full", [0, 3], ids=["first_write", "report_write"])
 def test_disk_full_while_analysing(ws: Workspace, writes_before_full: int) -> None:
-    """analyze writes leaderboard.csv, analysis.json (atomic_write_*), then report.md."""
+    """analyze writes leaderboard.csv, answers.csv, analysis.json (atomic_write_*), then the plots' data and report.md."""
     cfg = ws.config()
     before = ws.files()
     env = _env(FULL_UNDER=str(ws.results), FULL_AFTER=str(writes_before_full))
