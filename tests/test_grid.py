@@ -5,7 +5,9 @@ golden-pre-cells): every cell's kind, key, config and upstream for configs/sandb
 grid, and a digest of the 15,167 cells of configs/paper-scale.yaml. Keys include package versions,
 so where the installed ones differ from the golden's, keys are not compared (configs still are).
 The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
-of version 1, the grid still gives the digest of that tag).
+of version 1, the grid still gives the digest of that tag), and every golden for the extractor
+versions that rebuild training sets (a dataset's key holds its extractor's version); the sandbox
+golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from harness.store import package_versions, vllm_version
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "grid"
 CONFIGS = {
-    "sandbox": REPO / "configs" / "sandbox.yaml",
+    "sandbox": FIXTURES / "sandbox.yaml",  # the demo config before it had replicates
     "test-grid": FIXTURES / "test-grid.yaml",
     "paper-scale": REPO / "configs" / "paper-scale.yaml",
 }
