@@ -341,7 +341,10 @@ def test_answer_pass_asks_again_only_where_there_is_no_answer(
                      stop=["The answer"])  # fmt: skip
     baseline, _, _ = student_cells(exp)
     store = Store(exp.root)
-    [m] = evaluate.run(exp, store, [baseline], progress=False, inprocess=True).values()
+    # vLLM in a child process: an engine closed in this one would take down the distributed
+    # state that the session's shared test engines (tests/test_engines.py) still run on
+    inprocess = engine == "hf"
+    [m] = evaluate.run(exp, store, [baseline], progress=False, inprocess=inprocess).values()
     recs = [
         json.loads(x) for x in cell_file({"store": store}, baseline, "predictions.jsonl").open()
     ]
