@@ -726,7 +726,7 @@ def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
-    reference = "per_teacher" if "per_teacher" in regimes else regimes[0]
+    reference = "per_teacher" if "per_teacher" in regimes else (regimes or [None])[0]
     out: dict[str, Any] = {"reference": reference, "n_pairs": len(wide), "per_regime": {}}
     for r in regimes:
         if len(wide) == 0:

@@ -83,10 +83,16 @@ def _log(message: str) -> None:
     _console().print(escape(message))
 
 
-def _load(config: Path):
+def _load(config: Path, runnable: bool = False):
+    """The experiment of `config`; `runnable`: also refuse one that cannot run as it says
+    (harness/feasible.py), before any cell is planned."""
     from harness.config import load_experiment
 
     exp = load_experiment(config)
+    if runnable:
+        from harness import feasible
+
+        feasible.check(exp, str(config))
     _STATE["results"] = exp.root  # named by the line an interrupted command prints
     return exp
 
@@ -180,7 +186,7 @@ def plan_cmd(
     from harness import plan
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     plan.show(exp, Store(exp.root), every_cell=every_cell)
 
 
@@ -199,7 +205,7 @@ def run(
     from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     _say_engine(exp)
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
@@ -268,7 +274,7 @@ def _stage(
     from harness.schedule import RunOptions
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     if merge:  # merged adapters are other cells (merge is part of an adapter's key)
         exp = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
     _check_names(exp, **filters)
@@ -419,7 +425,7 @@ def screen(
     from harness import grid, plan, screening
     from harness.store import Store
 
-    exp = screening.screened(_load(config))
+    exp = screening.screened(_load(config, runnable=True))
     _check_names(exp, student=student, task=task)
     store = Store(exp.root)
     cells = grid.expand(exp).select(kind="screen", model=student, task=task)

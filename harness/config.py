@@ -143,7 +143,7 @@ class MixPart(Strict):
     """One teacher of the `mix` regime and its weight (parts of the mix, e.g. 1 large : 4 small)."""
 
     teacher: str
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, allow_inf_nan=False)
 
 
 class MixBatch(Strict):

@@ -66,13 +66,14 @@ def _provenance(store: Store, cell: Cell) -> dict[str, Any]:
         e = config.get("evaluate", {})
         out["prompt_style"] = e.get("prompt_style")
         out["decoding"] = _decoding(e)
-    else:  # a training set: how its teacher's traces were sampled, then how they were selected
-        traces = store.cell_dir("traces", str(config.get("teacher")))
-        if (traces / "config.yaml").exists():
+    else:  # a training set: how its teachers' traces were sampled, then how they were selected
+        read = [config["teacher"]] if config.get("teacher") else config.get("teachers") or []
+        traces = store.cell_dir("traces", read[0]) if read else None
+        if traces is not None and (traces / "config.yaml").exists():
             g = yaml.safe_load((traces / "config.yaml").read_text(encoding="utf-8")).get(
                 "generate", {}
             )
-            out["traces"] = f"cells/traces/{config.get('teacher')}"
+            out["traces"] = ", ".join(f"cells/traces/{key}" for key in read)
             out["prompt_style"] = g.get("prompt_style")
             out["decoding"] = _decoding(g)
         out["filter"] = (

@@ -1,0 +1,180 @@
+"""Features that work together, and configs that fail at `validate` instead of after the compute:
+mix with screening and top-k, export and analysis of mix grids, every infeasible setting reported
+at once.
+
+    python -m pytest tests/test_features_together.py -m "not slow"
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from helpers import sandbox_grid
+
+from harness import feasible
+from harness.analyze import regime_comparison
+from harness.config import Experiment, load_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+MIX = [{"teacher": "t-large", "weight": 1}, {"teacher": "t-small", "weight": 2}]
+
+
+def cotgap(*args: str, cwd: Path = REPO, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        timeout=1800,
+    )
+
+
+def write(tmp_path: Path, data: dict, name: str = "grid.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def one_paragraph_error(out: subprocess.CompletedProcess) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.stderr
+
+
+# --- validation -----------------------------------------------------------------------------------
+
+
+def test_a_non_finite_mix_weight_is_a_config_error(tmp_path):
+    data = sandbox_grid("w", tmp_path, regimes=["mix"], mix=[{**MIX[0], "weight": 1e999}, MIX[1]])
+    path = write(tmp_path, data)
+    err = one_paragraph_error(cotgap("validate", str(path)))
+    assert "train.mix[0].weight" in err and "finite" in err, err
+
+
+def test_every_infeasible_setting_is_reported_at_once(tmp_path, monkeypatch):
+    """Duplicate and vanishing mix teachers, a filter leaving less than a batch, few-shot selection
+    on a task without exemplars, budget regimes not trained, trackers not installed: one run of
+    `validate`, one line each, exit 2; `plan` and `run` refuse the same config."""
+    data = sandbox_grid(
+        "bad",
+        tmp_path,
+        teachers=[
+            {"name": "t-small", "path": "sandbox:test-teacher-s"},
+            {"name": "t-large", "path": "sandbox:test-teacher-l"},
+            {"name": "t-tiny", "path": "sandbox:test-teacher-s"},
+        ],
+        regimes=["per_teacher", "mix"],
+        mix=[*MIX, {"teacher": "t-small", "weight": 3}, {"teacher": "t-tiny", "weight": 1e-9}],
+        budget={"align": ["updates"], "regimes": ["intersection"]},
+        filter_by="nll",
+        filter_drop=0.999,
+    )
+    data["select"] = {"min_points": 10}  # few_shot_cot by default: coin flip has no exemplars
+    data["tracking"] = {"mlflow": {}, "wandb": {}}
+    path = write(tmp_path, data)
+    out = cotgap("validate", str(path))
+    err = one_paragraph_error(out)
+    wanted = [
+        "train.mix[2].teacher: 't-small' is already train.mix[1]",
+        "train.mix[3].weight: 1e-09 against the largest 3 gives teacher 't-tiny' no example",
+        "train.filter_drop: 0.999 keeps at most 0 of the 64 traces",
+        "select.prompt_style: few_shot_cot, but task sandbox_coin_flip (tasks[0]) has no",
+        "train.budget.regimes: ['intersection'] not in train.regimes",
+    ]
+    import importlib.util
+
+    wanted += [  # only where the package is missing (the test venv has neither by default)
+        f"tracking.{m}: the {m} package is not installed"
+        for m in ("mlflow", "wandb")
+        if importlib.util.find_spec(m) is None
+    ]
+    flat = " ".join(err.split())
+    for line in wanted:
+        assert line in flat, (line, err)
+    assert flat.count(str(path)) >= len(wanted)  # every line names the file
+    for command in ("plan", "run"):
+        assert "train.filter_drop: 0.999" in " ".join(
+            one_paragraph_error(cotgap(command, str(path))).split()
+        )
+
+
+def test_budget_regimes_outside_the_trained_regimes_are_refused(tmp_path):
+    exp = Experiment.model_validate(
+        sandbox_grid("b", tmp_path, budget={"align": "updates", "regimes": ["mix"]})
+    )
+    assert feasible.problems(exp) == [
+        "train.budget.regimes: ['mix'] not in train.regimes ['per_teacher']; add them to "
+        "train.regimes or remove them here"
+    ]
+
+
+def test_a_feasible_grid_has_no_problems(tmp_path):
+    data = sandbox_grid("ok", tmp_path, regimes=["per_teacher", "mix"], mix=MIX)
+    data["train"].update(filter_by="nll", filter_drop=0.5)
+    assert feasible.problems(load_experiment(write(tmp_path, data))) == []
+
+
+def test_regimes_compared_without_a_per_teacher_regime():
+    """A mix-only grid compares no per-teacher regime: the comparison is empty, not an error."""
+    dist = pd.DataFrame(
+        [{"task": "t", "student": "s", "teacher": "mix", "seed": 0, "regime": "mix",
+          "post_acc": 0.5, "gain": 0.1}]
+    )  # fmt: skip
+    out = regime_comparison(dist, [])
+    assert out["n_pairs"] == 0 and out["per_regime"] == {} and out["best"] is None
+
+
+# --- mix with screening, top-k, export, analysis: one real run on the test zoo ---------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    from harness.sandbox import zoo
+
+    zoo.build(profile="test", progress=False)
+    tmp = tmp_path_factory.mktemp("mix")
+    data = sandbox_grid(
+        "mixed",
+        tmp / "results",
+        train_limit=16,
+        test_limit=12,
+        regimes=["mix"],
+        mix=MIX,
+        teachers_per_student="top_k",
+        top_k=1,
+        max_steps=4,
+    )
+    data["screen"] = {"max_examples": 16}
+    config = write(tmp, data)
+    return config, tmp / "results" / "mixed", cotgap("run", str(config))
+
+
+@pytest.mark.slow
+def test_mix_with_screen_and_top_k_runs_to_a_leaderboard(mixed_run):
+    config, root, out = mixed_run
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(root / "analysis" / "leaderboard.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["regime"] for r in rows if r["row_type"] == "distilled"] == ["mix"]
+    screens = list((root / "cells" / "screen").glob("*/manifest.json"))
+    assert len(screens) == 1  # the mix set was screened
+    again = cotgap("screen", str(config))
+    assert again.returncode == 0, again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_mix_grid_exports_with_its_teachers_traces_named(mixed_run, tmp_path):
+    config, root, _ = mixed_run
+    out = cotgap("export", str(config), "--out", str(tmp_path / "export"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    card = (tmp_path / "export" / "README.md").read_text()
+    mix_section = card[card.index("_mix.parquet`") :].split("###")[0]
+    assert mix_section.count("cells/traces/") == 2, mix_section
