@@ -62,6 +62,7 @@ Stage = Annotated[
     str | None,
     typer.Option(help="run only these stages: generate, train, evaluate, screen (comma-separated)"),
 ]
+Force = Annotated[bool, typer.Option("--force", help="replace an existing --out file")]
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
 ]
@@ -144,10 +145,14 @@ def ls_items(
     split: Annotated[str, typer.Option(help="train or test")] = "test",
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
+    force: Force = False,
 ) -> None:
     """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
     the source rows the task excludes, with why."""
     from harness import tasks
+    from harness.store import output_path
+
+    out = output_path(out, "--out", [], force) if out is not None else None
 
     n = tasks.items_jsonl(task, split, data_dir, out)
     excluded = tasks.excluded(task)
@@ -361,17 +366,22 @@ def score(
         Path | None,
         typer.Option(help="re-score every eval cell of this results directory instead"),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Re-score stored completions without any engine; prints the summary as JSON. With
     --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
     from harness import scoring
+    from harness.store import output_path
 
     if results is not None:
+        out = output_path(out, "--out", [results], directory=True) if out else None
         summaries = scoring.rescore_results(results, data_dir, out)
         typer.echo(json.dumps(summaries, indent=2))
         return
     if task is None or predictions is None:
         raise UserError("give --task and --predictions, or --results DIR.")
+    default = predictions.with_name(predictions.stem + ".scored.jsonl")  # replaced on each run
+    out = output_path(out or default, "--out", [predictions], force or out is None)
     summary = scoring.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
     if summary.get("missing"):
         _log(
@@ -490,9 +500,16 @@ def view(
         Path | None,
         typer.Option(help="benchmark files, for the questions (default: the config's data_dir)"),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
     from harness import view as viewer
+    from harness.store import output_path
+
+    if out is not None:
+        analysis = viewer.resolve_root(target)[0] / "analysis"
+        read = [p for p in analysis.glob("*") if p.name != "viewer.html"]
+        out = output_path(out, "--out", [target, *read], force)
 
     path = viewer.write(target, out, data_dir)
     typer.echo(
@@ -507,8 +524,11 @@ def export(
 ) -> None:
     """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
     from harness import export as exporter
+    from harness.store import output_path
 
-    path, counts = exporter.run(_load(config), out, log=_log)
+    exp = _load(config)
+    out = output_path(out, "--out", [config, exp.root], directory=True)
+    path, counts = exporter.run(exp, out, log=_log)
     typer.echo(f"{path}  ({counts['files']} Parquet files, {counts['rows']} rows; card: README.md)")
 
 

@@ -20,6 +20,7 @@ holds a whole export or the previous one. Cells not computed yet are left out an
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -139,6 +140,7 @@ def run(
                 "marker); choose an empty or new directory for --out."
             )
     store, grid = Store(exp.root), grids.expand(exp)
+    _remove_abandoned(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -159,8 +161,10 @@ def run(
             import pandas as pd
 
             from harness.analyze import _DTYPES as COLUMN_DTYPES  # the CSV's typed columns
+            from harness.tasks import read_utf8
 
-            frame = pd.read_csv(board, dtype=COLUMN_DTYPES)  # Int64 seeds, boolean `degraded`
+            text = io.StringIO(read_utf8(board))  # a clear error where the file is not UTF-8
+            frame = pd.read_csv(text, dtype=COLUMN_DTYPES)  # Int64 seeds, boolean `degraded`
             datasets.Dataset.from_pandas(frame, preserve_index=False).to_parquet(
                 str(tmp / "leaderboard.parquet")
             )
@@ -181,6 +185,25 @@ def run(
     if counts["missing"]:
         log(f"export: {counts['missing']} cell(s) not computed yet are left out")
     return out, counts
+
+
+def _remove_abandoned(out: Path) -> None:
+    """Delete what a killed export of `out` left: its temporary and replaced directories
+    (`.<name>.tmp-<pid>`, `.<name>.old-<pid>`) whose process is gone."""
+    for d in [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
+        pid = d.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _config_name(rel: str) -> str:

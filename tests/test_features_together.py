@@ -178,3 +178,163 @@ def test_a_mix_grid_exports_with_its_teachers_traces_named(mixed_run, tmp_path):
     card = (tmp_path / "export" / "README.md").read_text()
     mix_section = card[card.index("_mix.parquet`") :].split("###")[0]
     assert mix_section.count("cells/traces/") == 2, mix_section
+
+
+# --- outputs never overwrite inputs ---------------------------------------------------------------
+
+
+@pytest.fixture()
+def results(tmp_path) -> dict[str, Path]:
+    """A results directory as a run leaves it (one finished eval cell, the analysis), by hand:
+    the refusals happen before anything is read from it."""
+    config = write(tmp_path, sandbox_grid("g", tmp_path / "results"))
+    root = tmp_path / "results" / "g"
+    cell = root / "cells" / "eval" / ("0" * 20)
+    cell.mkdir(parents=True)
+    (cell / "predictions.jsonl").write_text('{"id": "0", "completion": "heads"}\n')
+    (cell / "manifest.json").write_text("{}\n")
+    (root / "analysis").mkdir()
+    (root / "analysis" / "report.md").write_text("# report\n")
+    other = tmp_path / "notes.txt"
+    other.write_text("mine\n")
+    return {"config": config, "root": root, "cell": cell, "other": other, "tmp": tmp_path}
+
+
+def _unchanged(paths: list[Path], run) -> str:
+    before = {p: p.read_bytes() for p in paths}
+    err = one_paragraph_error(run())
+    assert {p: p.read_bytes() for p in paths} == before
+    return " ".join(err.split())
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+def test_view_out_refuses_cells_and_its_own_inputs(results, force):
+    preds, report = (
+        results["cell"] / "predictions.jsonl",
+        results["root"] / "analysis" / "report.md",
+    )
+    for target, why in [
+        (preds, "the results cells only cotgap's stages write"),
+        (results["config"], "is this command's own input"),
+        (report, "is this command's own input"),
+    ]:
+        err = _unchanged(
+            [preds, report, results["config"]],
+            lambda t=target: cotgap("view", str(results["config"]), "--out", str(t), *force),
+        )
+        assert why in err and "Nothing was written" in err, err
+
+
+def test_view_out_refuses_an_existing_file_without_force_and_a_directory(results):
+    err = _unchanged(
+        [results["other"]],
+        lambda: cotgap("view", str(results["root"]), "--out", str(results["other"])),
+    )
+    assert "exists; pass --force to replace it" in err, err
+    err = one_paragraph_error(cotgap("view", str(results["root"]), "--out", str(results["tmp"])))
+    assert "is a directory; give a file path" in err and "disk space" not in err, err
+
+
+def test_score_out_never_replaces_the_predictions(results):
+    preds = results["tmp"] / "preds.jsonl"
+    preds.write_text('{"id": "0", "completion": "heads"}\n')
+    args = ["score", "--task", "sandbox_coin_flip", "--predictions", str(preds)]
+    err = _unchanged([preds], lambda: cotgap(*args, "--out", str(preds), "--force"))
+    assert "is this command's own input" in err, err
+    in_cell = results["cell"] / "predictions.jsonl"
+    err = _unchanged(
+        [in_cell],
+        lambda: cotgap("score", "--task", "sandbox_coin_flip", "--predictions", str(in_cell)),
+    )
+    assert "the results cells" in err, err  # its default output would land in the cell
+
+
+def test_export_and_ls_items_out_refusals(results):
+    err = one_paragraph_error(
+        cotgap("export", str(results["config"]), "--out", str(results["cell"] / "x"))
+    )
+    assert "the results cells" in err, err
+    args = ["ls", "items", "sandbox_coin_flip", "--out", str(results["other"])]
+    assert "exists; pass --force" in " ".join(
+        _unchanged([results["other"]], lambda: cotgap(*args)).split()
+    )
+    assert cotgap(*args, "--force").returncode == 0
+    assert results["other"].read_text().startswith('{"id"')
+
+
+# --- text and files ---------------------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_in_predictions_is_a_user_error(tmp_path):
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text('{"id": "x", "completion": "The answer is \\ud800 heads"}\n')
+    out = cotgap("score", "--task", "sandbox_coin_flip", "--predictions", str(preds))
+    err = " ".join(one_paragraph_error(out).split())
+    assert f"{preds}: line 1: holds a lone UTF-16 surrogate escape (\\ud800)" in err, err
+    assert not (tmp_path / "preds.scored.jsonl").exists()
+
+
+def test_an_export_reading_a_leaderboard_that_is_not_utf8_fails_clearly(results):
+    board = results["root"] / "analysis" / "leaderboard.csv"
+    board.write_bytes(b"row_type,task\nteacher,caf\xe9\n")
+    out = cotgap("export", str(results["config"]), "--out", str(results["tmp"] / "export"))
+    err = " ".join(one_paragraph_error(out).split())
+    assert f"{board}: line 2: not UTF-8 text" in err, err
+    assert not [p for p in results["tmp"].iterdir() if "export" in p.name]  # nothing half-written
+
+
+def test_an_export_removes_what_a_killed_export_left(results):
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = [results["tmp"] / f".export.tmp-{gone.pid}", results["tmp"] / f".export.old-{gone.pid}"]
+    for d in left:
+        (d / "traces").mkdir(parents=True)
+    mine = results["tmp"] / f".export.tmp-{os.getpid()}-not-a-pid"
+    mine.mkdir()
+    out = cotgap("export", str(results["config"]), "--out", str(results["tmp"] / "export"))
+    assert out.returncode == 0, out.stderr
+    assert not any(d.exists() for d in left) and mine.exists()
+    assert (results["tmp"] / "export" / "README.md").is_file()
+
+
+@pytest.mark.parametrize("argv", [["models", "import", ""], ["models", "import", "gguf:"]])
+def test_an_empty_gguf_reference_is_a_user_error(argv):
+    err = " ".join(one_paragraph_error(cotgap(*argv)).split())
+    assert "gguf: names no file or package; give gguf:<path>.gguf" in err, err
+
+
+def test_a_config_with_an_empty_gguf_path_fails_validate(tmp_path):
+    data = sandbox_grid("g", tmp_path, teachers=[{"name": "t", "path": "gguf:"}])
+    err = " ".join(one_paragraph_error(cotgap("validate", str(write(tmp_path, data)))).split())
+    assert "model 't': gguf: names no file or package" in err, err
+
+
+def test_gguf_facts_are_read_again_when_the_file_changes_in_place(tmp_path, monkeypatch):
+    """Same path, same size, mtime set back: the content changed, so must the sha256."""
+    gguf_lib = pytest.importorskip("gguf")
+    import numpy as np
+
+    from harness import gguf
+    from harness.store import sha256_file
+
+    monkeypatch.setenv("COTGAP_GGUF_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+
+    def make(value: float) -> None:
+        w = gguf_lib.GGUFWriter(str(path), "llama")
+        w.add_name("tiny")
+        w.add_tensor("w", np.full((4, 4), value, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    make(1.0)
+    first = gguf.facts(path)
+    st = path.stat()
+    make(2.0)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = gguf.facts(path)
+    assert second["sha256"] == sha256_file(path) != first["sha256"]
+    assert gguf.facts(path) == second  # and cached from then on
