@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import sys
 import time
@@ -90,6 +91,9 @@ def _load(config: Path, runnable: bool = False):
     from harness.config import load_experiment
 
     exp = load_experiment(config)
+    from harness import offline
+
+    offline.settle(exp)  # before any library that could reach the network is imported
     if runnable:
         from harness import feasible
 
@@ -226,7 +230,7 @@ def run(
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
-            _console().print(_write_viewer(exp.root))
+            _console().print(_write_viewer(exp.root, exp.data_dir))
             _track(exp, store)
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
@@ -460,7 +464,7 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     store = Store(exp.root)
     with store.lock(timeout=wait):
         out = analysis.run(exp, store)
-        viewer = _write_viewer(exp.root)
+        viewer = _write_viewer(exp.root, exp.data_dir)
         _track(exp, store)
     _console().print(f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}")
     _console().print(viewer)
@@ -474,15 +478,16 @@ def _track(exp, store) -> None:
         tracking.log(exp, store, say=_log)
 
 
-def _write_viewer(root: Path) -> str:
+def _write_viewer(root: Path, data_dir: str | None) -> str:
     """The HTML viewer next to the fresh analysis (seconds), and the line that names it; a problem
-    with it is a warning, since the analysis itself is complete."""
+    with it is a warning, since the analysis itself is complete. `data_dir`: the config's, where
+    the questions of file-sourced tasks are read."""
     from rich.markup import escape
 
     from harness import view
 
     try:
-        path = view.write(root)
+        path = view.write(root, data_dir=Path(data_dir) if data_dir else None)
     except UserError as e:
         return escape(f"viewer:      not written: {e} (`cotgap view {root}` retries)")
     return escape(f"viewer:      {path} ({path.stat().st_size / 1e6:.2f} MB, opens from file://)")
@@ -594,6 +599,10 @@ def _usage_error() -> type[Exception]:
 
 
 def main() -> None:
+    from harness.offline import NO_TELEMETRY
+
+    for name, value in NO_TELEMETRY.items():  # usage statistics and telemetry: never needed
+        os.environ.setdefault(name, value)
     stop_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="cotgap")

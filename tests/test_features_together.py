@@ -338,3 +338,74 @@ def test_gguf_facts_are_read_again_when_the_file_changes_in_place(tmp_path, monk
     second = gguf.facts(path)
     assert second["sha256"] == sha256_file(path) != first["sha256"]
     assert gguf.facts(path) == second  # and cached from then on
+
+
+# --- offline by construction ------------------------------------------------------------------------
+
+
+class Listener:
+    """A socket on 127.0.0.1 that every proxy variable points at: it accepts, records and closes
+    each connection, so any request a library makes (through a proxy, as they all honour these
+    variables) is counted instead of leaving the machine."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port, self.seen = self.sock.getsockname()[1], []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.settimeout(2)
+            try:
+                self.seen.append(conn.recv(200).decode("latin-1").splitlines()[:1])
+            except OSError:
+                self.seen.append(["(no request line)"])
+            conn.close()
+
+    def env(self) -> dict[str, str]:
+        url = f"http://127.0.0.1:{self.port}"
+        names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+        return {**{n: url for n in names}, **{n.lower(): url for n in names}}
+
+
+@pytest.mark.slow
+def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path, shared_data):
+    """Sandbox models and SVAMP from a data_dir given relative to the config file: with the
+    offline variables unset and every proxy variable at a local listener, `run` (traces, training,
+    evals, the analysis and the viewer) connects to nothing."""
+    from harness.sandbox import zoo
+
+    zoo.build(profile="test", progress=False)
+    data = sandbox_grid(
+        "offline",
+        "results",
+        teachers=[{"name": "t-large", "path": "sandbox:test-teacher-l"}],
+        max_steps=2,
+    )
+    data["tasks"] = [{"name": "svamp", "train_limit": 8, "test_limit": 8}]
+    data["generate"].update(n=1, max_tokens=48)
+    data["evaluate"]["max_tokens"] = 48
+    config = tmp_path / "study" / "grid.yaml"
+    config.parent.mkdir()
+    data["data_dir"] = os.path.relpath(shared_data, config.parent)
+    config.write_text(yaml.safe_dump(data))
+    listener = Listener()
+    env = {k: v for k, v in os.environ.items() if "OFFLINE" not in k and "PROXY" not in k.upper()}
+    env.update(listener.env(), HF_HOME=str(tmp_path / "hf"))
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(config)],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert listener.seen == [], listener.seen
+    page = (tmp_path / "study" / "results" / "offline" / "analysis" / "viewer.html").read_text()
+    assert "questions not shown" not in page  # SVAMP's questions came from the data_dir
