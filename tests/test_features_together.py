@@ -409,3 +409,22 @@ def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path
     assert listener.seen == [], listener.seen
     page = (tmp_path / "study" / "results" / "offline" / "analysis" / "viewer.html").read_text()
     assert "questions not shown" not in page  # SVAMP's questions came from the data_dir
+
+
+@pytest.mark.parametrize(
+    "path", ["$(touch pwned)", "org/name; rm -rf x", "org/`id`", "a/b/c", "org/na--me", "-org/name"]
+)
+def test_validate_refuses_a_hub_id_with_shell_metacharacters(tmp_path, path):
+    data = sandbox_grid("h", tmp_path, teachers=[{"name": "t", "path": path}])
+    out = cotgap("validate", str(write(tmp_path, data)), cwd=tmp_path)
+    err = " ".join(one_paragraph_error(out).split())
+    assert f"model 't': path {path!r} is neither an existing directory nor a hub id" in err, err
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_validate_accepts_hub_ids():
+    from harness import models
+    from harness.config import ModelSpec
+
+    for path in ("Qwen/Qwen2.5-0.5B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "a/b.c_d"):
+        assert models.identity(ModelSpec(name="m", path=path))["hub"] == path
