@@ -242,6 +242,11 @@ def build(root: Path, data_dir: str | None = None) -> str:
             continue
         row = {"task": r[col["task"]]}
         base, post = cells.eval(r[col["baseline_key"]]), cells.eval(r[col["eval_key"]])
+        why_not = r[col["screened_out"]] if "screened_out" in col else ""
+        if why_not:  # skipped on purpose: not a cell still to compute
+            row["missing"] = f"not trained: {why_not}"
+            distilled[n] = row
+            continue
         if base is None or post is None:
             row["missing"] = "the baseline or distilled eval cell is not computed yet"
             distilled[n] = row

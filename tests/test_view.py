@@ -364,3 +364,28 @@ def test_a_file_that_is_not_utf8_is_a_user_error(viewed, tmp_path: Path, name: s
     path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe latin-1 \xe9\n")
     with pytest.raises(UserError, match=rf"{re.escape(str(path))}: line \d+: not UTF-8 text"):
         view.build(root)
+
+
+def test_a_screened_out_row_is_reported_as_such_not_as_missing(viewed, tmp_path, monkeypatch):
+    """A row top_k did not train is skipped on purpose: the analysis does not count its cells as
+    "not computed yet" and the viewer says why it has no numbers. (The screen decision is
+    patched in: this grid has no screens; tests/test_screen.py runs the real gate.)"""
+    import shutil
+
+    from harness import screening
+
+    exp, *_ = viewed
+    copy = exp.model_copy(update={"results_dir": str(tmp_path)})
+    shutil.copytree(exp.root, copy.root)
+    d = next(iter(grids.expand(copy).distilled.values()))
+    why = "screened out: rsr rank 2 of 2, top 1 trained"
+    monkeypatch.setattr(screening, "screened_out", lambda g, s: {d.adapter.key: why})
+    for kind, key in (("adapter", d.adapter.key), ("eval", d.eval.key)):
+        shutil.rmtree(copy.root / "cells" / kind / key)  # as a run that skipped them leaves it
+    store = Store(copy.root)
+    board, missing, _, _ = analyze.leaderboard(copy, store)
+    assert missing == {}, missing
+    analyze.run(copy, store, log=lambda _: None)
+    index, _ = view.embedded(view.build(copy.root))
+    rows = [v for v in index["distilled"].values() if "missing" in v]
+    assert rows == [{"task": TASK, "missing": f"not trained: {why}"}]
