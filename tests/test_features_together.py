@@ -8,6 +8,7 @@ at once.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -377,30 +378,63 @@ class Listener:
         return {**{n: url for n in names}, **{n.lower(): url for n in names}}
 
 
+def local_task(tmp_path: Path) -> tuple[Path, Path]:
+    """A tasks directory with every shipped task and `local_coin_flip`: the sandbox coin flips as
+    an original file under a data dir (the test zoo answers them), with a hub source named too,
+    which loading from the files must never use; returns (tasks dir, data dir)."""
+    import shutil
+
+    from harness import tasks
+
+    tasks_dir, data = tmp_path / "tasks", tmp_path / "data"
+    shutil.copytree(REPO / "tasks", tasks_dir)
+    items = tasks.load_items("sandbox_coin_flip", "test")[:100]
+    (data / "local").mkdir(parents=True)
+    rows = [{"question": it.question, "answer": it.gold} for it in items]
+    (data / "local" / "coin_flip.json").write_text(json.dumps(rows))
+    spec = {
+        "name": "local_coin_flip", "version": 1, "description": "sandbox coin flips, from a file",
+        "splits_note": "one pool of 100, 3:2", "answer_type": "yes_no", "extractor": "yes_no",
+        "headline": "strict",
+        "source": {
+            "hub": {"id": "cotgap-tests/coin-flip", "config": "default", "revision": "main",
+                    "splits": {"all": ["train"]}},
+            "files": {"format": "json", "splits": {"all": ["local/coin_flip.json"]}},
+        },
+        "fields": {"question": "question", "answer": "answer"},
+        "split": {"ratio": [3, 2], "seed": 1234},
+        "sizes": {"all": 100, "train": 60, "test": 40},
+        "prompt": {"zero_shot_cot": "{question}"},
+    }  # fmt: skip
+    (tasks_dir / "local_coin_flip.yaml").write_text(yaml.safe_dump(spec))
+    return tasks_dir, data
+
+
 @pytest.mark.slow
-def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path, shared_data):
-    """Sandbox models and SVAMP from a data_dir given relative to the config file: with the
-    offline variables unset and every proxy variable at a local listener, `run` (traces, training,
-    evals, the analysis and the viewer) connects to nothing."""
+def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path):
+    """Sandbox models and a task whose original file is in a data_dir given relative to the
+    config file (the task names a hub source too): with the offline variables unset and every
+    proxy variable at a local listener, `run` (traces, training, evals, the analysis and the
+    viewer, which shows the distilled rows' questions from the data_dir) connects to nothing."""
+    from harness import view
     from harness.sandbox import zoo
 
     zoo.build(profile="test", progress=False)
+    tasks_dir, data_dir = local_task(tmp_path)
     data = sandbox_grid(
         "offline",
         "results",
         teachers=[{"name": "t-large", "path": "sandbox:test-teacher-l"}],
         max_steps=2,
     )
-    data["tasks"] = [{"name": "svamp", "train_limit": 8, "test_limit": 8}]
-    data["generate"].update(n=1, max_tokens=48)
-    data["evaluate"]["max_tokens"] = 48
+    data["tasks"] = [{"name": "local_coin_flip", "train_limit": 16, "test_limit": 8}]
     config = tmp_path / "study" / "grid.yaml"
     config.parent.mkdir()
-    data["data_dir"] = os.path.relpath(shared_data, config.parent)
+    data["data_dir"] = os.path.relpath(data_dir, config.parent)
     config.write_text(yaml.safe_dump(data))
     listener = Listener()
     env = {k: v for k, v in os.environ.items() if "OFFLINE" not in k and "PROXY" not in k.upper()}
-    env.update(listener.env(), HF_HOME=str(tmp_path / "hf"))
+    env.update(listener.env(), HF_HOME=str(tmp_path / "hf"), COTGAP_TASKS_DIR=str(tasks_dir))
     out = subprocess.run(
         [sys.executable, "-m", "harness", "run", str(config)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800,
@@ -408,23 +442,6 @@ def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     assert listener.seen == [], listener.seen
     page = (tmp_path / "study" / "results" / "offline" / "analysis" / "viewer.html").read_text()
-    assert "questions not shown" not in page  # SVAMP's questions came from the data_dir
-
-
-@pytest.mark.parametrize(
-    "path", ["$(touch pwned)", "org/name; rm -rf x", "org/`id`", "a/b/c", "org/na--me", "-org/name"]
-)
-def test_validate_refuses_a_hub_id_with_shell_metacharacters(tmp_path, path):
-    data = sandbox_grid("h", tmp_path, teachers=[{"name": "t", "path": path}])
-    out = cotgap("validate", str(write(tmp_path, data)), cwd=tmp_path)
-    err = " ".join(one_paragraph_error(out).split())
-    assert f"model 't': path {path!r} is neither an existing directory nor a hub id" in err, err
-    assert not (tmp_path / "pwned").exists()
-
-
-def test_validate_accepts_hub_ids():
-    from harness import models
-    from harness.config import ModelSpec
-
-    for path in ("Qwen/Qwen2.5-0.5B-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct", "a/b.c_d"):
-        assert models.identity(ModelSpec(name="m", path=path))["hub"] == path
+    index, _ = view.embedded(page)
+    assert index["notes"] == []  # no "questions not shown": they came from the data_dir
+    assert [r for r in index["distilled"].values() if "counts" in r], index["distilled"]
