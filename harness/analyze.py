@@ -309,7 +309,19 @@ def leaderboard(
     }
     _decision_columns(board, decisions)
     rescored = Counter(kind for kind, _ in reader.rescored)
-    return board, dict(Counter(kind for kind, _ in reader.absent)), dict(rescored), decisions
+    skipped = _skipped_by_design(exp, grid, store, board)
+    missing = Counter(kind for kind, key in reader.absent if key not in skipped)
+    return board, dict(missing), dict(rescored), decisions
+
+
+def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:
+    """Keys of cells the run skips on purpose, which are not "not computed yet": the adapters and
+    evals of screened-out rows (top_k) and every cell of a task pre-selection gated."""
+    out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
+    gated = {t for t, d in selection.decide(exp, grid, store).items() if d.passed is False}
+    return out | {
+        c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
+    }
 
 
 class Replicate(NamedTuple):
@@ -823,7 +835,7 @@ def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
-    reference = "per_teacher" if "per_teacher" in regimes else regimes[0]
+    reference = "per_teacher" if "per_teacher" in regimes else (regimes or [None])[0]
     out: dict[str, Any] = {"reference": reference, "n_pairs": len(wide), "per_regime": {}}
     for r in regimes:
         if len(wide) == 0:

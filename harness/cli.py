@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import sys
 import time
@@ -65,6 +66,7 @@ Stage = Annotated[
     str | None,
     typer.Option(help="run only these stages: generate, train, evaluate, screen (comma-separated)"),
 ]
+Force = Annotated[bool, typer.Option("--force", help="replace an existing --out file")]
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
 ]
@@ -102,10 +104,19 @@ def _log(message: str) -> None:
     _console().print(escape(message))
 
 
-def _load(config: Path):
+def _load(config: Path, runnable: bool = False):
+    """The experiment of `config`; `runnable`: also refuse one that cannot run as it says
+    (harness/feasible.py), before any cell is planned."""
     from harness.config import load_experiment
 
     exp = load_experiment(config)
+    from harness import offline
+
+    offline.settle(exp)  # before any library that could reach the network is imported
+    if runnable:
+        from harness import feasible
+
+        feasible.check(exp, str(config))
     _STATE["results"] = exp.root  # named by the line an interrupted command prints
     return exp
 
@@ -159,10 +170,14 @@ def ls_items(
     split: Annotated[str, typer.Option(help="train or test")] = "test",
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
+    force: Force = False,
 ) -> None:
     """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
     the source rows the task excludes, with why."""
     from harness import tasks
+    from harness.store import output_path
+
+    out = output_path(out, "--out", [], force) if out is not None else None
 
     n = tasks.items_jsonl(task, split, data_dir, out)
     excluded = tasks.excluded(task)
@@ -201,7 +216,7 @@ def plan_cmd(
     from harness import plan
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     plan.show(exp, Store(exp.root), every_cell=every_cell)
 
 
@@ -220,7 +235,7 @@ def run(
     from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     _say_engine(exp)
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
@@ -236,7 +251,7 @@ def run(
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
-            _console().print(_write_viewer(exp.root))
+            _console().print(_write_viewer(exp.root, exp.data_dir))
             _track(exp, store)
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
@@ -295,7 +310,7 @@ def _stage(
     from harness.schedule import RunOptions
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, runnable=True)
     if merge:  # merged adapters are other cells (merge is part of an adapter's key)
         exp = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
     _check_names(exp, **filters)
@@ -383,17 +398,22 @@ def score(
         Path | None,
         typer.Option(help="re-score every eval cell of this results directory instead"),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Re-score stored completions without any engine; prints the summary as JSON. With
     --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
     from harness import scoring
+    from harness.store import output_path
 
     if results is not None:
+        out = output_path(out, "--out", [results], directory=True) if out else None
         summaries = scoring.rescore_results(results, data_dir, out)
         typer.echo(json.dumps(summaries, indent=2))
         return
     if task is None or predictions is None:
         raise UserError("give --task and --predictions, or --results DIR.")
+    default = predictions.with_name(predictions.stem + ".scored.jsonl")  # replaced on each run
+    out = output_path(out or default, "--out", [predictions], force or out is None)
     summary = scoring.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
     if summary.get("missing"):
         _log(
@@ -450,7 +470,7 @@ def screen(
     from harness import grid, plan, screening
     from harness.store import Store
 
-    exp = screening.screened(_load(config))
+    exp = screening.screened(_load(config, runnable=True))
     _check_names(exp, student=student, task=task)
     store = Store(exp.root)
     cells = grid.expand(exp).select(kind="screen", model=student, task=task)
@@ -475,7 +495,7 @@ def analyze(config: ConfigArg, wait: Wait = 0) -> None:
     store = Store(exp.root)
     with store.lock(timeout=wait):
         out = analysis.run(exp, store)
-        viewer = _write_viewer(exp.root)
+        viewer = _write_viewer(exp.root, exp.data_dir)
         _track(exp, store)
     _console().print(f"leaderboard: {out / 'leaderboard.csv'}\nreport:      {out / 'report.md'}")
     _console().print(viewer)
@@ -489,15 +509,16 @@ def _track(exp, store) -> None:
         tracking.log(exp, store, say=_log)
 
 
-def _write_viewer(root: Path) -> str:
+def _write_viewer(root: Path, data_dir: str | None) -> str:
     """The HTML viewer next to the fresh analysis (seconds), and the line that names it; a problem
-    with it is a warning, since the analysis itself is complete."""
+    with it is a warning, since the analysis itself is complete. `data_dir`: the config's, where
+    the questions of file-sourced tasks are read."""
     from rich.markup import escape
 
     from harness import view
 
     try:
-        path = view.write(root)
+        path = view.write(root, data_dir=Path(data_dir) if data_dir else None)
     except UserError as e:
         return escape(f"viewer:      not written: {e} (`cotgap view {root}` retries)")
     return escape(f"viewer:      {path} ({path.stat().st_size / 1e6:.2f} MB, opens from file://)")
@@ -518,9 +539,16 @@ def view(
         Path | None,
         typer.Option(help="benchmark files, for the questions (default: the config's data_dir)"),
     ] = None,
+    force: Force = False,
 ) -> None:
     """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
     from harness import view as viewer
+    from harness.store import output_path
+
+    if out is not None:
+        analysis = viewer.resolve_root(target)[0] / "analysis"
+        read = [p for p in analysis.glob("*") if p.name != "viewer.html"]
+        out = output_path(out, "--out", [target, *read], force)
 
     path = viewer.write(target, out, data_dir)
     typer.echo(
@@ -535,8 +563,11 @@ def export(
 ) -> None:
     """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
     from harness import export as exporter
+    from harness.store import output_path
 
-    path, counts = exporter.run(_load(config), out, log=_log)
+    exp = _load(config)
+    out = output_path(out, "--out", [config, exp.root], directory=True)
+    path, counts = exporter.run(exp, out, log=_log)
     typer.echo(f"{path}  ({counts['files']} Parquet files, {counts['rows']} rows; card: README.md)")
 
 
@@ -606,6 +637,10 @@ def _usage_error() -> type[Exception]:
 
 
 def main() -> None:
+    from harness.offline import NO_TELEMETRY
+
+    for name, value in NO_TELEMETRY.items():  # usage statistics and telemetry: never needed
+        os.environ.setdefault(name, value)
     stop_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="cotgap")

@@ -4,8 +4,11 @@
 
 Every model forbids unknown keys; a misspelt key is reported with its file, key path and the
 nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
-only: YAML holds values and names, never code. A relative `results_dir` is taken relative to the
-experiment file, so a command means the same results from any working directory. An
+only: YAML holds values and names, never code. Every relative path in an experiment file is taken
+relative to that file, so a command means the same from any working directory: `results_dir`,
+`data_dir`, `train.accelerate_config`, a model `path` that names a directory there (or starts
+with `./` or `../`) and the file of `gguf:<file>.gguf`. (Tracking paths are under
+<results_dir>/<name>.) An
 experiment's task names are checked against the task YAMLs in `tasks_dir()` (harness.tasks
 reads them).
 """
@@ -200,7 +203,7 @@ class MixPart(Strict):
     """One teacher of the `mix` regime and its weight (parts of the mix, e.g. 1 large : 4 small)."""
 
     teacher: str
-    weight: float = Field(gt=0)
+    weight: float = Field(gt=0, allow_inf_nan=False)
 
 
 class MixBatch(Strict):
@@ -471,7 +474,9 @@ class CostConfig(Strict):
 class Experiment(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     results_dir: str = Field("results", description="relative to the experiment YAML file")
-    data_dir: str | None = None
+    data_dir: str | None = Field(
+        None, description="the original benchmark files; relative to the experiment YAML file"
+    )
     executor: Literal["local", "ray"] = "local"
     ray: RayConfig = RayConfig()
     teachers: tuple[ModelSpec, ...] = Field(min_length=1)
@@ -720,12 +725,40 @@ def parse(model: type[Strict], data: Any, source: str) -> Any:
         raise UserError(format_validation_error(e, source, model)) from None
 
 
+def _relative_to(exp: Experiment, base: Path) -> Experiment:
+    """`exp` with its relative paths taken against `base`, the experiment file's directory."""
+
+    def under(p: str) -> str:
+        return os.path.normpath(base / Path(p).expanduser())
+
+    def model_path(p: str) -> str:
+        if p.startswith("gguf:") and (p.endswith(".gguf") or p.startswith(("gguf:.", "gguf:~"))):
+            return "gguf:" + under(p.removeprefix("gguf:"))
+        if p.startswith(("./", "../", "~")) or (":" not in p and (base / p).is_dir()):
+            return under(p)
+        return p
+
+    def models_(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+        return tuple(m.model_copy(update={"path": model_path(m.path)}) for m in specs)
+
+    train = exp.train
+    if train.accelerate_config is not None:
+        train = train.model_copy(update={"accelerate_config": under(train.accelerate_config)})
+    return exp.model_copy(
+        update={
+            "results_dir": under(exp.results_dir),
+            "data_dir": under(exp.data_dir) if exp.data_dir is not None else None,
+            "teachers": models_(exp.teachers),
+            "students": models_(exp.students),
+            "train": train,
+        }
+    )
+
+
 def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
-    """Read and validate an experiment YAML; every error is reported at once. A relative
-    `results_dir` is resolved against the file's directory."""
-    exp: Experiment = parse(Experiment, read_yaml(path), str(path))
-    results = os.path.normpath(Path(path).parent / Path(exp.results_dir).expanduser())
-    exp = exp.model_copy(update={"results_dir": results})
+    """Read and validate an experiment YAML; every error is reported at once. Relative paths are
+    resolved against the file's directory (`_relative_to`)."""
+    exp = _relative_to(parse(Experiment, read_yaml(path), str(path)), Path(path).parent)
     if check_tasks:
         known = task_names()
         problems = []

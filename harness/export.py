@@ -24,6 +24,7 @@ holds a whole export or the previous one. Cells not computed yet are left out an
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 from collections.abc import Callable
@@ -70,13 +71,14 @@ def _provenance(store: Store, cell: Cell) -> dict[str, Any]:
         e = config.get("evaluate", {})
         out["prompt_style"] = e.get("prompt_style")
         out["decoding"] = _decoding(e)
-    else:  # a training set: how its teacher's traces were sampled, then how they were selected
-        traces = store.cell_dir("traces", str(config.get("teacher")))
-        if (traces / "config.yaml").exists():
+    else:  # a training set: how its teachers' traces were sampled, then how they were selected
+        read = [config["teacher"]] if config.get("teacher") else config.get("teachers") or []
+        traces = store.cell_dir("traces", read[0]) if read else None
+        if traces is not None and (traces / "config.yaml").exists():
             g = yaml.safe_load((traces / "config.yaml").read_text(encoding="utf-8")).get(
                 "generate", {}
             )
-            out["traces"] = f"cells/traces/{config.get('teacher')}"
+            out["traces"] = ", ".join(f"cells/traces/{key}" for key in read)
             out["prompt_style"] = g.get("prompt_style")
             out["decoding"] = _decoding(g)
         out["filter"] = (
@@ -147,6 +149,7 @@ def run(
                 "marker); choose an empty or new directory for --out."
             )
     store, grid = Store(exp.root), grids.expand(exp)
+    _remove_abandoned(out)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -167,8 +170,10 @@ def run(
             import pandas as pd
 
             from harness.analyze import _DTYPES as COLUMN_DTYPES  # the CSV's typed columns
+            from harness.tasks import read_utf8
 
-            frame = pd.read_csv(board, dtype=COLUMN_DTYPES)  # Int64 seeds, boolean `degraded`
+            text = io.StringIO(read_utf8(board))  # a clear error where the file is not UTF-8
+            frame = pd.read_csv(text, dtype=COLUMN_DTYPES)  # Int64 seeds, boolean `degraded`
             datasets.Dataset.from_pandas(frame, preserve_index=False).to_parquet(
                 str(tmp / "leaderboard.parquet")
             )
@@ -189,6 +194,25 @@ def run(
     if counts["missing"]:
         log(f"export: {counts['missing']} cell(s) not computed yet are left out")
     return out, counts
+
+
+def _remove_abandoned(out: Path) -> None:
+    """Delete what a killed export of `out` left: its temporary and replaced directories
+    (`.<name>.tmp-<pid>`, `.<name>.old-<pid>`) whose process is gone."""
+    for d in [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
+        pid = d.name.rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _config_name(rel: str) -> str:

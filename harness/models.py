@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -93,12 +94,24 @@ def _missing(spec: ModelSpec) -> Any:
     )
 
 
-def _hub_dir(spec: ModelSpec) -> str:
-    if spec.path.count("/") != 1:
+# the hub's repository ids: org/name, each part letters, digits, '-', '_', '.' (no '--' or '..',
+# no leading or trailing '-' or '.'), at most 96 characters each
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
+
+
+def _hub_id(spec: ModelSpec) -> dict[str, Any]:
+    path = spec.path
+    if not _REPO_ID.match(path) or "--" in path or ".." in path or path.endswith(".git"):
         raise UserError(
-            f"model {spec.name!r}: path {spec.path!r} is neither an existing directory nor a hub id "
-            "(org/name); fix the path in the config."
+            f"model {spec.name!r}: path {path!r} is neither an existing directory nor a hub id "
+            "(org/name: letters, digits, '-', '_' and '.'); fix the path in the config."
         )
+    return {"hub": path, "revision": spec.revision or "main"}
+
+
+def _hub_dir(spec: ModelSpec) -> str:
+    _hub_id(spec)
     from huggingface_hub import snapshot_download
 
     try:
@@ -133,9 +146,7 @@ SOURCES: dict[str, Source] = {
     ),
     "local": Source(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
     "missing": Source(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
-    "hub": Source(
-        lambda s: True, lambda s: {"hub": s.path, "revision": s.revision or "main"}, _hub_dir, False
-    ),
+    "hub": Source(lambda s: True, _hub_id, _hub_dir, False),
 }
 
 

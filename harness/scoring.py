@@ -189,6 +189,19 @@ def _no_answer(reason: str, truncated: bool = False) -> dict[str, Any]:
             **none.fields("flexible")}  # fmt: skip
 
 
+def _no_lone_surrogate(rec: dict, where: str) -> None:
+    """An escape like \\ud800 with no partner decodes to half a character, which cannot be
+    written back as UTF-8: refused where it is read, not in a traceback where it is written."""
+    try:
+        json.dumps(rec, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(e.object[e.start])
+        raise UserError(
+            f"{where}: holds a lone UTF-16 surrogate escape (\\u{code:04x}), half of a character "
+            "pair, which is not text; fix or drop that escape in the file."
+        ) from None
+
+
 def _read_predictions(
     path: Path, by_id: dict[str, Item], spec: TaskSpec, split: str
 ) -> dict[str, dict]:
@@ -212,6 +225,7 @@ def _read_predictions(
             )
         if not isinstance(rec.get("completion"), str):
             raise UserError(f"{where}: field 'completion' is missing or not text.")
+        _no_lone_surrogate(rec, where)
         if rec["id"] in excluded_ids(spec):
             continue  # a row the task excludes (tasks_data/<name>.yaml `exclude`): counted, not scored
         if rec["id"] not in by_id:

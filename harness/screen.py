@@ -173,8 +173,8 @@ def screen_cell(
             local = local_nll(model, tok, records, chat, window, batch_size, device, pad)
             rows = [{**row, "local_nll": v} for row, v in zip(rows, local, strict=True)]
         seconds = time.perf_counter() - began
-        teacher_traces = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]
-        traces = store.manifest("traces", teacher_traces) or {}
+        own = yaml.safe_load((ds_dir / "config.yaml").read_text())["teacher"]  # None: a mix
+        traces = (store.manifest("traces", own) if own else None) or {}
         n_tokens = sum(r["n_tokens"] for r in rows)
         computed = sum(len(ids) - n for ids, n in set((tuple(i), n) for i, n in data))  # here
         names = [k for k in (rows[0] if rows else SIGNALS) if k != "n_tokens"]  # + local_nll

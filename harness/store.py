@@ -111,6 +111,49 @@ _FIX = "free disk space or fix permissions"
 OUT_FIX = "free disk space, fix permissions or give another output file path"
 
 
+def _inside_cells(path: Path) -> Path | None:
+    """The results directory's cells/ that `path` is or lies in, if any."""
+    for parent in (path, *path.parents):
+        if (parent / "manifest.json").is_file() and parent.parent.name in CELL_KINDS:
+            return parent.parent.parent
+        if parent.name == "cells" and any((parent / k).is_dir() for k in CELL_KINDS):
+            return parent
+    return None
+
+
+def output_path(
+    out: Path,
+    option: str,
+    inputs: Iterable[Path] = (),
+    force: bool = False,
+    directory: bool = False,
+) -> Path:
+    """`out` (an `--out` the user gave), resolved, once it is safe to write: never one of the
+    command's `inputs`, never inside a results directory's cells, never an existing file unless
+    `force`; a file where a directory is wanted (or the other way round) is refused too."""
+    path = Path(out).expanduser().resolve()
+    what = "directory" if directory else "file"
+
+    def refuse(why: str, fix: str) -> UserError:
+        return UserError(f"{option} {out}: {why}; {fix}. Nothing was written.")
+
+    for source in inputs:
+        if Path(source).exists() and path == Path(source).expanduser().resolve():
+            raise refuse("is this command's own input", f"give another {what} path")
+    if (cells := _inside_cells(path)) is not None:
+        raise refuse(
+            f"lies in {cells}, the results cells only cotgap's stages write",
+            f"give a {what} path outside it",
+        )
+    if directory and path.exists() and not path.is_dir():
+        raise refuse("is an existing file, not a directory", "give a directory path")
+    if not directory and path.is_dir():
+        raise refuse("is a directory", f"give a file path, e.g. {path / 'out'}")
+    if not directory and path.exists() and not force:
+        raise refuse("exists", "pass --force to replace it, or give a new file path")
+    return path
+
+
 def atomic_write_bytes(path: Path, data: bytes, fix: str = _FIX) -> None:
     """Write to a temporary sibling, fsync, rename: readers see the old file or the new one. A
     failure is a UserError naming the file and `fix`, what to do about it."""

@@ -300,6 +300,11 @@ def _sizes(spec: TaskSpec) -> dict[str, int]:
     return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
 
+def split_sizes(task: TaskSpec | str) -> dict[str, int]:
+    """Items each split of a task has, from its YAML alone (no data file is read)."""
+    return _sizes(task_spec(task))
+
+
 def list_tasks_table() -> list[dict[str, Any]]:
     """Rows for `cotgap ls tasks`: from the YAMLs alone, no data is read."""
     rows = []

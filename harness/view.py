@@ -18,6 +18,7 @@ import base64
 import csv
 import gzip
 import html
+import io
 import json
 import math
 import time
@@ -29,7 +30,7 @@ import yaml
 from harness import scoring
 from harness.errors import UserError
 from harness.store import atomic_write_text, read_json, read_jsonl
-from harness.tasks import load_items
+from harness.tasks import load_items, read_utf8
 
 FLIPS = ("gained", "lost", "both_right", "both_wrong")
 
@@ -190,10 +191,11 @@ def build(root: Path, data_dir: str | None = None) -> str:
             f"{board_path}: not found; run `cotgap analyze <config>` first (the viewer shows an "
             "analysis and the cells its rows name)."
         )
-    with open(board_path, newline="") as f:
-        reader = csv.reader(f)
-        columns = next(reader)
-        rows = list(reader)
+    reader = csv.reader(io.StringIO(read_utf8(board_path), newline=""))
+    columns = next(reader, None)
+    if columns is None:
+        raise UserError(f"{board_path}: empty; run `cotgap analyze <config>` to rebuild it.")
+    rows = list(reader)
     col = {c: n for n, c in enumerate(columns)}
     cells = _Cells(root, data_dir)
     blocks: dict[str, str] = {}
@@ -241,6 +243,11 @@ def build(root: Path, data_dir: str | None = None) -> str:
             continue
         row = {"task": r[col["task"]]}
         base, post = cells.eval(r[col["baseline_key"]]), cells.eval(r[col["eval_key"]])
+        why_not = r[col["screened_out"]] if "screened_out" in col else ""
+        if why_not:  # skipped on purpose: not a cell still to compute
+            row["missing"] = f"not trained: {why_not}"
+            distilled[n] = row
+            continue
         if base is None or post is None:
             row["missing"] = "the baseline or distilled eval cell is not computed yet"
             distilled[n] = row
@@ -260,7 +267,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
     for stem in stems:
         svg, png = analysis / f"{stem}.svg", analysis / f"{stem}.png"
         if svg.exists():
-            blocks[f"f-{stem}"] = _pack(svg.read_text(encoding="utf-8"))
+            blocks[f"f-{stem}"] = _pack(read_utf8(svg))
         else:
             blocks[f"f-{stem}"] = _pack(base64.b64encode(png.read_bytes()).decode("ascii"))
         figures.append({"name": stem, "block": f"f-{stem}", "svg": svg.exists()})
@@ -271,7 +278,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         answers = {"columns": table[0], "rows": [[_cell_value(v) for v in r] for r in table[1:]]}
     report = analysis / "report.md"
     if report.exists():
-        blocks["report"] = _pack(report.read_text(encoding="utf-8"))
+        blocks["report"] = _pack(read_utf8(report))
 
     index = {
         "title": root.name,
@@ -289,7 +296,9 @@ def build(root: Path, data_dir: str | None = None) -> str:
         f'<script type="application/gzip" id="b-{html.escape(k)}">{v}</script>'
         for k, v in blocks.items()
     )
-    index_json = json.dumps(index, ensure_ascii=False).replace("</", "<\\/")
+    # no `<` at all inside the script element: `</script>` would end it, `<!--` would start a
+    # comment state that swallows the rest of the page
+    index_json = json.dumps(index, ensure_ascii=False).replace("<", "\\u003c")
     head, rest = _TEMPLATE.replace("__TITLE__", html.escape(root.name)).split("__INDEX__")
     middle, tail = rest.split("__BLOCKS__")
     return head + index_json + middle + scripts + tail

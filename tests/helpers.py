@@ -41,3 +41,30 @@ def sandbox_grid(
         "evaluate": {"max_tokens": 160},
         "analysis": {"bootstrap_samples": 200},
     }
+
+
+_OPENED: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], (str, bytes, Path)):
+        _OPENED[-1].append(str(args[0]))
+
+
+class opened_files:
+    """Record every file path this process opens inside the `with` block (a PEP 578 audit hook):
+    a count of work that a loaded machine cannot change, unlike a wall-clock figure."""
+
+    _hooked = False
+
+    def __enter__(self) -> list[str]:
+        import sys
+
+        if not opened_files._hooked:
+            sys.addaudithook(_audit)
+            opened_files._hooked = True
+        _OPENED.append([])
+        return _OPENED[-1]
+
+    def __exit__(self, *exc: Any) -> None:
+        _OPENED.pop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -232,15 +231,13 @@ def test_extraction_is_total_and_deterministic_on_any_unicode(text, with_choices
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(unit=_fragments.filter(bool))
-def test_extraction_is_fast_on_one_megabyte(unit):
-    """A 1 MB completion (a repeated fragment, as a degenerate generation is) reads in well under
-    a second per extractor."""
+def test_extraction_reads_one_megabyte(unit):
+    """A 1 MB completion (a repeated fragment, as a degenerate generation is) reads, the same way
+    twice, with every extractor (timings: benchmarks/extraction.py)."""
     text = (unit * (1_000_000 // len(unit) + 1))[:1_000_000]
     for ex in EXTRACTORS.values():
         choices = _CHOICES if ex.name == "choice" else None
-        t = time.perf_counter()
         first = ex.read(text, choices)
-        assert time.perf_counter() - t < 5, ex.name
         assert ex.read(text, choices) == first
 
 
@@ -265,25 +262,17 @@ def _adversarial() -> dict[str, str]:
     }
 
 
-def test_extractors_are_fast_on_adversarial_text():
-    """Each call on 10,000 characters of digits, braces and backslashes stays in milliseconds."""
-    worst = 0.0
+def test_extractors_read_adversarial_text():
+    """Every extractor reads 10,000 characters of digits, braces and backslashes, the same way
+    twice, and returns an answer or None (catastrophic backtracking would hang here; the
+    milliseconds each call takes are in benchmarks/extraction.py)."""
     for text in _adversarial().values():
         for ex in EXTRACTORS.values():
             for fn in (ex.strict, ex.flexible):
                 choices = _CHOICES if ex.name == "choice" else None
-                best = float("inf")
-                for _ in range(5):  # best of five: the test machine is shared and noisy
-                    t = time.perf_counter()
-                    fn(text, choices)
-                    best = min(best, time.perf_counter() - t)
-                worst = max(worst, best)
-    # Typically ~10 ms; the bound is loose so load on a shared CI machine cannot fail it, while
-    # catastrophic regex backtracking (seconds to hours on such text) still would.
-    assert worst < 0.25, f"slowest extraction took {worst * 1000:.1f} ms"
+                got = fn(text, choices)
+                assert got == fn(text, choices), ex.name
 
 
 def test_math_equivalence_bounds_long_input():
-    t = time.perf_counter()
     assert equivalent("math", "x+" * 400 + "1", "y") is False
-    assert time.perf_counter() - t < 2

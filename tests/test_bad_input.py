@@ -276,7 +276,7 @@ def _huge_prediction(ws: Workspace) -> tuple[list, tuple[str, ...]]:
 def _score_out_is_a_directory(ws: Workspace) -> tuple[list, tuple[str, ...]]:
     preds = ws.jsonl("preds.jsonl", [{"id": SANDBOX_ID, "completion": "5"}])
     args = ["score", "--task", "sandbox_addition", "--predictions", preds, "--out", ws.results]
-    return args, (f"{ws.results}: could not write (Is a directory)", "another output file path")
+    return args, (f"--out {ws.results}: is a directory; give a file path", "Nothing was written")
 
 
 CASES = {
@@ -393,7 +393,8 @@ CASES = {
     "missing_local_model_plan": _model_case(
         "plan",
         _set("teachers[0].path", "./models/not-there"),
-        "model 'big': path './models/not-there' is not an existing directory",
+        "model 'big': path '",  # taken relative to the config file
+        "/models/not-there' is not an existing directory",
     ),
     "missing_local_model_run": _model_case(
         "run",
@@ -410,7 +411,8 @@ CASES = {
     "missing_local_model_validate": _model_case(
         "validate",
         _set("students[0].path", "./models/not-there"),
-        "model 'small': path './models/not-there' is not an existing directory",
+        "model 'small': path '",
+        "/models/not-there' is not an existing directory",
     ),
     # --- CLI options ---
     "unknown_stage": _plain(
@@ -659,7 +661,16 @@ def test_disk_full_while_scoring(ws: Workspace) -> None:
     scored = ws.raw("out/preds.scored.jsonl", '{"earlier": "scores"}\n')
     before = ws.files()
     env = _env(FULL_UNDER=str(ws.root / "out"))
-    args = ["score", "--task", "sandbox_addition", "--predictions", preds, "--out", scored]
+    args = [
+        "score",
+        "--task",
+        "sandbox_addition",
+        "--predictions",
+        preds,
+        "--out",
+        scored,
+        "--force",
+    ]
     msg = error_message(cotgap(ws, *args, env=env, wrapper=DISK_FULL))
     assert f"{scored}: could not write (No space left on device)" in msg, msg
     assert_untouched(ws, before)

@@ -28,7 +28,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"tasks", "models", "gguf", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
     {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine"},
     {"cells"},
-    {"grid", "selection"},
+    {"grid", "selection", "feasible", "offline"},
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
     {"plan", "analyze", "report", "screening", "view", "export", "tracking"},

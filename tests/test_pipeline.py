@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -61,9 +60,8 @@ def first_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grid")
     config = tmp / "grid.yaml"
     config.write_text(yaml.safe_dump(grid(tmp / "results", ["per_teacher", "intersection"])))
-    start = time.time()
     out = cotgap("run", str(config))
-    return config, tmp / "results" / "grid", time.time() - start, out
+    return config, tmp / "results" / "grid", out
 
 
 def read_board(root: Path) -> list[dict]:
@@ -72,7 +70,7 @@ def read_board(root: Path) -> list[dict]:
 
 
 def test_grid_runs_end_to_end_with_every_row(first_run):
-    config, root, wall, _ = first_run
+    config, root, _ = first_run
     # 2 traces + 2 teacher evals + 1 baseline + 2 regimes x 2 teachers x (dataset, adapter, eval)
     assert computed(root) == {"traces": 2, "eval": 2 + 1 + 4, "dataset": 4, "adapter": 4}
     rows = read_board(root)
@@ -102,19 +100,17 @@ def test_grid_runs_end_to_end_with_every_row(first_run):
     assert list((root / "analysis").glob("*.png"))
 
 
-def test_second_run_computes_nothing_and_is_fast(first_run):
-    config, root, wall, _ = first_run
+def test_second_run_computes_nothing(first_run):
+    config, root, _ = first_run
     before = (root / "analysis" / "leaderboard.csv").read_bytes()
-    start = time.time()
-    cotgap("run", str(config))
-    again = time.time() - start
+    out = cotgap("run", str(config))
+    assert out.returncode == 0, out.stderr
     assert sum(computed(root).values()) == 0
-    assert again < 0.25 * wall, (again, wall)
     assert (root / "analysis" / "leaderboard.csv").read_bytes() == before
 
 
 def test_adding_a_teacher_runs_only_its_cells(first_run, tmp_path):
-    config, root, _, _ = first_run
+    config, root, _ = first_run
     data = yaml.safe_load(config.read_text())
     data["train"]["regimes"] = [
         "per_teacher"

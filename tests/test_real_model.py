@@ -18,7 +18,6 @@ import csv
 import importlib.metadata
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -46,7 +45,7 @@ LLAMA_PROJECTIONS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """(converted directory, seconds the conversion took), in a cache of this module's own."""
+    """The converted directory, in a cache of this module's own."""
     try:
         importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
@@ -57,9 +56,7 @@ def converted(tmp_path_factory):
         pytest.skip("the gguf package is not installed: `pip install gguf`")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COTGAP_GGUF_DIR", str(tmp_path_factory.mktemp("gguf-cache")))
-        start = time.perf_counter()
-        d = gguf.convert(PACKAGE, "test")
-        yield d, time.perf_counter() - start
+        yield gguf.convert(PACKAGE, "test")
 
 
 def spec(name: str = "smol") -> ModelSpec:
@@ -67,7 +64,7 @@ def spec(name: str = "smol") -> ModelSpec:
 
 
 def test_conversion_is_the_gguf_dequantised_with_its_provenance(converted):
-    d, seconds = converted
+    d = converted
     file, origin = gguf.locate(PACKAGE, "test")
     prov = json.loads((d / "gguf.json").read_text())
     assert prov["sha256"] == sha256_file(file)
@@ -96,9 +93,7 @@ def test_conversion_is_the_gguf_dequantised_with_its_provenance(converted):
     assert got.dtype == np.float32 and np.array_equal(got, want)
     # a second use finds the conversion instead of redoing it
     mtime = (d / "model.safetensors").stat().st_mtime_ns
-    start = time.perf_counter()
     assert gguf.convert(PACKAGE, "test") == d
-    assert time.perf_counter() - start < 2 < seconds
     assert (d / "model.safetensors").stat().st_mtime_ns == mtime
 
 

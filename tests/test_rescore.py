@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -176,13 +175,11 @@ def test_a_bump_keeps_traces_and_eval_keys_and_the_analysis_rescores(grid, monke
     assert {k: p.read_bytes() for k, p in files.items()} == stored  # the cells are untouched
 
 
-def test_rescoring_a_results_directory_takes_seconds(grid, monkeypatch) -> None:
+def test_rescoring_a_results_directory_rescores_each_eval_cell_once(grid, monkeypatch) -> None:
     exp, store, made = grid
     bump(monkeypatch)
-    t0 = time.perf_counter()
     summaries = scoring.rescore_results(exp.root)
-    seconds = time.perf_counter() - t0
-    assert len(summaries) == 3 and seconds < 10, seconds
+    assert len(summaries) == 3
     version = answers.EXTRACTORS[EXTRACTOR].version
     for s in summaries:
         assert (s["stored_extractor_version"], s["extractor_version"]) == (version - 1, version)

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-import time
 import warnings
 
 import numpy as np
@@ -164,16 +163,6 @@ def test_paired_bootstrap_is_deterministic_per_seed():
     runs = [paired_bootstrap(base[0], post[0], n_resamples=200, seed=s) for s in (1, 1, 2, 3)]
     assert runs[0] == runs[1]
     assert len(set(runs[1:])) == 3
-
-
-def test_paired_bootstrap_is_fast_on_5000_items():
-    base, post = _simulate(1, n_items=5000, seed=9)
-    best = math.inf
-    for _ in range(3):  # best of three: the bound is about the code, not a busy machine
-        start = time.perf_counter()
-        paired_bootstrap(base[0], post[0], n_resamples=2000)
-        best = min(best, time.perf_counter() - start)
-    assert best < 1.0, f"2,000 resamples of 5,000 items took {best:.3f} s"
 
 
 @pytest.mark.parametrize("value", [0, 1])

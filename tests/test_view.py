@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 from harness import analyze, view
 from harness import grid as grids
 from harness.config import Experiment
+from harness.errors import UserError
 from harness.store import Store, read_jsonl
 from harness.tasks import load_items
 
@@ -330,3 +332,60 @@ def test_a_row_whose_eval_is_not_computed_says_so(viewed, tmp_path: Path) -> Non
         "missing": "the baseline or distilled eval cell is not computed yet",
     }
     assert f"e-{board.eval_key[n]}" not in blocks
+
+
+def test_no_text_in_the_index_can_end_or_comment_out_its_script(viewed, tmp_path: Path) -> None:
+    """`</script>` would end the index's script element and `<!--<script>` would swallow the rest
+    of the page: the index holds no `<` at all, and reads back to the same text."""
+    import shutil
+
+    exp, *_ = viewed
+    root = tmp_path / "toy"
+    shutil.copytree(exp.root, root)
+    board = pd.read_csv(root / "analysis" / "leaderboard.csv")
+    nasty = "<!--<script>alert(1)</script>--></script><!--"
+    board["note"] = nasty
+    board.to_csv(root / "analysis" / "leaderboard.csv", index=False)
+    page = view.build(root)
+    script = re.search(r'<script type="application/json" id="index">(.*?)</script>', page, re.S)
+    assert "<" not in script.group(1)
+    index, _ = view.embedded(page)
+    assert index["columns"][-1] == "note" and {r[-1] for r in index["rows"]} == {nasty}
+
+
+@pytest.mark.parametrize("name", ["report.md", "leaderboard.csv"])
+def test_a_file_that_is_not_utf8_is_a_user_error(viewed, tmp_path: Path, name: str) -> None:
+    import shutil
+
+    exp, *_ = viewed
+    root = tmp_path / "toy"
+    shutil.copytree(exp.root, root)
+    path = root / "analysis" / name
+    path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe latin-1 \xe9\n")
+    with pytest.raises(UserError, match=rf"{re.escape(str(path))}: line \d+: not UTF-8 text"):
+        view.build(root)
+
+
+def test_a_screened_out_row_is_reported_as_such_not_as_missing(viewed, tmp_path, monkeypatch):
+    """A row top_k did not train is skipped on purpose: the analysis does not count its cells as
+    "not computed yet" and the viewer says why it has no numbers. (The screen decision is
+    patched in: this grid has no screens; tests/test_screen.py runs the real gate.)"""
+    import shutil
+
+    from harness import screening
+
+    exp, *_ = viewed
+    copy = exp.model_copy(update={"results_dir": str(tmp_path)})
+    shutil.copytree(exp.root, copy.root)
+    d = next(iter(grids.expand(copy).distilled.values()))
+    why = "screened out: rsr rank 2 of 2, top 1 trained"
+    monkeypatch.setattr(screening, "screened_out", lambda g, s: {d.adapter.key: why})
+    for kind, key in (("adapter", d.adapter.key), ("eval", d.eval.key)):
+        shutil.rmtree(copy.root / "cells" / kind / key)  # as a run that skipped them leaves it
+    store = Store(copy.root)
+    board, missing, _, _ = analyze.leaderboard(copy, store)
+    assert missing == {}, missing
+    analyze.run(copy, store, log=lambda _: None)
+    index, _ = view.embedded(view.build(copy.root))
+    rows = [v for v in index["distilled"].values() if "missing" in v]
+    assert rows == [{"task": TASK, "missing": f"not trained: {why}"}]
