@@ -831,6 +831,8 @@ def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
     """Mean post and gain per regime over the (task, student, teacher, trace_seed, seed) cells
     complete in all: a description (wins, ties, losses against the reference regime), never a
     "best" regime."""
+    if not regimes:
+        return {"reference": None, "n_pairs": 0, "per_regime": {}}
     keys = ["task", "student", "teacher", "trace_seed", "seed"]
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])

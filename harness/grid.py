@@ -277,8 +277,7 @@ def check(exp: Experiment) -> list[str]:
             task_identity(exp, t.name, "test")
         except UserError as e:
             problems.append(str(e))
-    if not problems:
-        problems += _fewshot_problems(exp)
+    problems += _fewshot_problems(exp)
     if not problems:
         try:
             expand(exp)

@@ -822,11 +822,14 @@ def _prompts_file(rel: str, root: Path | None) -> Path:
 
 
 def fewshot_problems(names: Iterable[str], data_dir: str | Path | None) -> list[str]:
-    """Why each of these tasks cannot prompt few-shot here (no exemplars, a prompts file that
-    cannot be found or read); `cotgap validate` reports them before any model starts."""
+    """Why each of these tasks, which have few-shot exemplars, cannot prompt with them here (a
+    prompts file that cannot be found or read); `cotgap validate` reports them before any model
+    starts."""
     problems = []
     for name in names:
         try:
+            if load_task(name).fewshot is None:
+                continue  # no exemplars at all: validate names the stage that asks (feasible.py)
             fewshot_exemplars(name, data_dir)
         except UserError as e:
             problems.append(f"few-shot prompts of task {name}: {e}")

@@ -122,9 +122,9 @@ def test_validate_refuses_few_shot_prompts_that_cannot_be_found(tmp_path, monkey
     shutil.copytree(tasks.tasks_dir(), copy, ignore=shutil.ignore_patterns("cot-prompts"))
     monkeypatch.setenv("COTGAP_TASKS_DIR", str(copy))
     problems = grid.check(_experiment(None, "few_shot_cot"))
-    assert len(problems) == 2, problems
-    assert "task bbh_navigate" in problems[0] and "bbh/cot-prompts/navigate.txt" in problems[0]
-    assert "task sandbox_addition has no few-shot exemplars" in problems[1]
+    assert len(problems) == 2, problems  # each named once: no exemplars, or their file missing
+    assert "task sandbox_addition (tasks[1]) has no few-shot exemplars" in problems[0]
+    assert "task bbh_navigate" in problems[1] and "bbh/cot-prompts/navigate.txt" in problems[1]
     # a data dir holding the prompts: only the sandbox task is left
     (tmp_path / "data" / "bbh" / "cot-prompts").mkdir(parents=True)
     shutil.copy(BBH_PROMPTS / "navigate.txt", tmp_path / "data" / "bbh" / "cot-prompts")

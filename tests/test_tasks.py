@@ -111,6 +111,7 @@ def test_bad_task_yaml_is_reported_with_file_and_key(tmp_path, monkeypatch):
 
 
 def test_ls_tasks_reads_only_task_files_and_needs_no_data():
+    tasks._load_task_file.cache_clear()  # a task another test loaded first is read again here
     with opened_files() as opened:
         rows = tasks.list_tasks_table()
     # the task YAMLs (and the few-shot files they name), never a data file or split
