@@ -46,20 +46,10 @@ def fwer(runs: int) -> list[str]:
 
 def coverage(runs: int) -> list[str]:
     lines = ["| items | accuracy | gain coverage | accuracy coverage |", "|---|---|---|---|"]
-    sd = 0.02
     for n in (50, 200):
         for acc in (0.02, 0.1, 0.3, 0.5, 0.7, 0.9, 0.98):
-            rng = np.random.default_rng(int(acc * 1000) + n)
-            post = min(acc + 0.04, 0.99) if acc < 0.5 else acc
-            truth = float(np.clip(post + rng.normal(0, sd, 400_000), 0, 1).mean())
-            base, arms = inf.simulate(rng, runs, n, acc, [post], 3, sd)
-            hg = ha = 0
-            for s in range(runs):
-                a, b = inf.arm(list(arms[0][s])), inf.baseline_arm(base[s])
-                g, p = inf.difference(a, b), inf.accuracy(a)
-                hg += g.low <= truth - acc <= g.high
-                ha += p.low <= truth <= p.high
-            lines.append(f"| {n} | {100 * acc:g}% | {hg / runs:.3f} | {ha / runs:.3f} |")
+            hg, ha = inf.coverage(n, acc, runs, seed=int(acc * 1000) + n)
+            lines.append(f"| {n} | {100 * acc:g}% | {hg:.3f} | {ha:.3f} |")
     return lines
 
 

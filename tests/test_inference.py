@@ -54,20 +54,10 @@ def test_gain_and_accuracy_intervals_cover(n, acc):
     3 replicates at a 2-point SD. The rule errs on the safe side: near 0 and 1 the binomial is
     discrete (up to 100% there), and at 50 items the pseudo-items and the replicate term's share
     of item noise widen it (up to 99.5%); never below 93%."""
-    rng = np.random.default_rng(int(acc * 100) + n)
-    runs, sd = 400, 0.02
-    post = min(acc + 0.04, 0.99) if acc < 0.5 else acc
-    truth = float(np.clip(post + rng.normal(0, sd, 400_000), 0, 1).mean())
-    base, arms = inf.simulate(rng, runs, n, acc, [post], 3, sd)
-    hit_gain = hit_acc = 0
-    for s in range(runs):
-        a, b = inf.arm(list(arms[0][s])), inf.baseline_arm(base[s])
-        g, p = inf.difference(a, b), inf.accuracy(a)
-        hit_gain += g.low <= truth - acc <= g.high
-        hit_acc += p.low <= truth <= p.high
+    covered = inf.coverage(n, acc, runs=400, seed=int(acc * 100) + n)
     extreme = acc in (0.02, 0.98)
-    for hits in (hit_gain, hit_acc):
-        assert 0.93 <= hits / runs <= (1.0 if extreme else 0.995)
+    for rate in covered:
+        assert 0.93 <= rate <= (1.0 if extreme else 0.995)
 
 
 def test_difference_between_teachers_covers():
