@@ -44,7 +44,6 @@ few replicates), and gives no small-sample correction.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -55,7 +54,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-VERDICTS = ("better", "worse", "equivalent", "inconclusive")
 ANSWERS_NONE = "none"
 INCONCLUSIVE = "inconclusive"
 
@@ -146,9 +144,6 @@ class Estimate:
     level: float
     se: float
     df: float
-
-    def as_dict(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
 
 
 def satterthwaite(parts: Sequence[tuple[Any, Any]]) -> Any:
