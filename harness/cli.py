@@ -247,7 +247,8 @@ def run(
 
             _log("analysis: leaderboard, capacity-gap statistics, report and plots")
             out = analyze.run(exp, store)
-            _print_summary(out / "leaderboard.csv")
+            _print_summary(out / "answers.csv")
+            _console().print(f"answers:     {out / 'answers.csv'}")
             _console().print(f"leaderboard: {out / 'leaderboard.csv'}")
             _console().print(f"report:      {out / 'report.md'}")
             _console().print(f"plots:       {out}/*.png ({len(list(out.glob('*.png')))} files)")
@@ -265,32 +266,26 @@ def _say_engine(exp) -> None:
         _log("vLLM is not installed here: traces and evaluations run on the transformers engine.")
 
 
-def _print_summary(leaderboard: Path) -> None:
-    """A short table of every distilled cell against its own baseline."""
+def _print_summary(answers: Path) -> None:
+    """The answer of every (task, student, regime) group (answers.csv): a teacher, none or
+    inconclusive, with the quoted teacher's gain and its interval over items and replicates."""
     import csv
 
     from rich.table import Table
 
-    with open(leaderboard) as f:
-        rows = [r for r in csv.DictReader(f) if r["row_type"] == "distilled"]
-    # several replicates (trace draws, training seeds): each row names its own
-    replicates = {(r.get("trace_seed"), r["seed"]) for r in rows}
-    named = ("replicate",) if len(replicates) > 1 else ()
-    cols = ("task", "student", "teacher", "regime", *named, "teacher acc", "base", "post")
-    table = Table(
-        *cols, "gain [95% CI]", title="distilled students vs their own baselines (accuracy, %)"
-    )
+    with open(answers, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    cols = ("task", "student", "regime", "answer", "distill?", "gain [interval]", "best set")
+    table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
-    def pct(v: str) -> str:
-        return "-" if v in ("", "nan") else f"{100 * float(v):.1f}"
+    def pts(v: str) -> str:
+        return "-" if v in ("", "nan") else f"{100 * float(v):+.1f}"
 
     for r in rows:
-        gain = f"{pct(r['gain'])} [{pct(r['gain_ci_low'])}, {pct(r['gain_ci_high'])}]"
-        if r["degraded"] == "True":
-            gain = f"[red]{gain}[/]"
-        accs = (pct(r["teacher_acc"]), pct(r["base_acc"]), pct(r["post_acc"]))
-        replicate = (f"trace {r.get('trace_seed')}, seed {r['seed']}",) if named else ()
-        table.add_row(r["task"], r["student"], r["teacher"], r["regime"], *replicate, *accs, gain)
+        gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
+        exploratory = " (exploratory)" if r["exploratory"] == "True" else ""
+        table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,
+                      r["distill"], gain, r["best_set"].replace(";", ", "), r["n_replicates"])  # fmt: skip
     _console(stderr=False).print(table)
 
 
