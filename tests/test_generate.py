@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_engines import engine_for, tiny_model_dir
+from test_engines import engine_for, tiny_model_dir, tiny_spec
 
 from harness import answers, engines, generate, plan, scoring, tasks
 from harness import grid as grids
@@ -177,7 +177,7 @@ def test_resume_after_sigkill_is_byte_identical(models_dir, reference, tmp_path)
     assert expected.startswith(partial[: partial.rfind(b"\n") + 1])
     # rerun in-process with the session's engine (no second engine start-up), in one window:
     # outputs depend on (seed, item id) only, not on how items were batched
-    summaries = generate.work(exp, str(exp.root), [cell], engine=engine_for("vllm", models_dir))
+    summaries = generate.work(exp, str(exp.root), [cell], engine=_fresh("vllm", models_dir))
     assert path.read_bytes() == expected
     assert summaries[cell.key]["resumed_items"] > 0
     assert Store(exp.root).complete("traces", cell.key)
@@ -203,7 +203,7 @@ def test_resume_drops_a_partly_written_item(models_dir, reference, tmp_path):
     path.write_bytes(
         b"".join(lines[:5]) + lines[5][:7]
     )  # items 0-1, one sample of item 2, a cut line
-    generate.work(exp, str(exp.root), [cell], engine=engine_for("vllm", models_dir))
+    generate.work(exp, str(exp.root), [cell], engine=_fresh("vllm", models_dir))
     assert path.read_bytes() == expected
 
 
@@ -212,7 +212,7 @@ def test_greedy_traces_are_identical_with_either_engine(models_dir, tmp_path):
     for name in ("vllm", "hf"):
         exp = experiment(models_dir, tmp_path / name, engine=name, n=1, temperature=0.0)
         [cell] = traces_cells(exp, "sandbox_coin_flip")
-        generate.work(exp, str(exp.root), [cell], engine=engine_for(name, models_dir))
+        generate.work(exp, str(exp.root), [cell], engine=_fresh(name, models_dir))
         out[name] = traces_path(exp, cell).read_bytes()
         assert Store(exp.root).manifest("traces", cell.key)["summary"]["engine"]["name"] == name
     assert out["vllm"] == out["hf"]
@@ -266,3 +266,14 @@ def test_summary_yield_and_accuracy():
     s = generate.summarize(recs, n_items=2, n=2, tokens=100, gen_s=2.0)
     assert (s["yield"], s["accuracy"], s["truncation_rate"]) == (0.5, 0.25, 0.25)
     assert s["mean_completion_tokens"] == 25 and s["tokens_per_s"] == 50
+
+
+def _fresh(name: str, base: Path):
+    """An engine of its own for a test that generates in this process: the session's shared
+    vLLM engine (test_engines.engine_for) runs on vLLM's process-wide distributed state, which an
+    engine another test closed in this worker may already have torn down."""
+    from harness.engines import load
+
+    if name != "vllm":
+        return engine_for(name, base)
+    return load(name, tiny_spec(base), lora_rank=None)
