@@ -56,7 +56,7 @@ COLUMNS: dict[str, str] = {
     "teacher_gain": "the teacher's gain over the baseline: mean over its replicates (trace draws "
     "and training seeds) of post_acc - base_acc, a fraction (harness/inference.py)",
     "teacher_gain_low": "lower end of the teacher's gain interval over test items and replicates, "
-    "Bonferroni-adjusted over the group's teachers (the interval `verdict` reads)",
+    "Bonferroni-adjusted over the group's comparisons (the interval `verdict` reads)",
     "teacher_gain_high": "upper end of the teacher's gain interval (see teacher_gain_low)",
     "verdict": "the teacher against the student's baseline, one of better | worse | equivalent | "
     "inconclusive (always inconclusive below analysis.min_replicates replicates: exploratory)",
@@ -303,10 +303,7 @@ def leaderboard(
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
-    decisions = {
-        key: compare_teachers(exp.analysis, base, draws)
-        for key, (base, draws) in _group_arms(reader, board)
-    }
+    decisions = compare_groups(exp.analysis, dict(_group_arms(reader, board)))
     _decision_columns(board, decisions)
     rescored = Counter(kind for kind, _ in reader.rescored)
     skipped = _skipped_by_design(exp, grid, store, board)
@@ -374,16 +371,29 @@ def draws_of(reps: list[Replicate]) -> list[np.ndarray]:
 def compare_teachers(
     a: AnalysisConfig, base: np.ndarray, teachers: dict[str, list[Replicate]]
 ) -> dict[str, Any]:
-    """The group's decision (`inference.decide_group`): every teacher against the baseline and
-    every other teacher, with intervals over test items and replicates, the best-teacher
-    confidence set, and the answer. A teacher with fewer than analysis.min_replicates
-    replicate units is exploratory: its comparisons stay inconclusive."""
-    draws = {t: draws_of(reps) for t, reps in teachers.items()}
-    d = inference.decide_group(
-        base, draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
-    ).as_dict()
-    d["mde"] = _group_mde(a, d, draws)
-    return d
+    """One group's decision (`compare_groups` of a grid of one group)."""
+    return compare_groups(a, {None: (base, teachers)})[None]
+
+
+def compare_groups(
+    a: AnalysisConfig, groups: dict[Any, tuple[np.ndarray, dict[str, list[Replicate]]]]
+) -> dict[Any, dict[str, Any]]:
+    """Every group's decision (`inference.decide_groups` under analysis.multiplicity): every
+    teacher against the baseline and every other teacher, with intervals over test items and
+    replicates, the best-teacher confidence set, and the answer. A teacher with fewer than
+    analysis.min_replicates replicate units is exploratory: its comparisons stay inconclusive.
+    Each decision carries the multiplicity rule's record (`multiplicity`)."""
+    draws = {k: (base, {t: draws_of(r) for t, r in ts.items()}) for k, (base, ts) in groups.items()}
+    decided, record = inference.decide_groups(
+        draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates, a.multiplicity
+    )
+    out = {}
+    for key, dec in decided.items():
+        d = dec.as_dict()
+        d["multiplicity"] = record
+        d["mde"] = _group_mde(a, d, draws[key][1])
+        out[key] = d
+    return out
 
 
 def _group_mde(a: AnalysisConfig, d: dict[str, Any], draws: dict[str, list]) -> dict[str, Any]:
@@ -813,7 +823,7 @@ ANSWER_COLUMNS: dict[str, str] = {
     "largest gain that beats the baseline, else the largest point estimate",
     "gain": "that teacher's gain over the baseline, mean over replicates, a fraction",
     "gain_low": "lower end of its interval over test items and replicates (Bonferroni-adjusted "
-    "over the group's teachers, at `level`)",
+    "over the group's comparisons, at `level`)",
     "gain_high": "upper end of that interval",
     "verdict": "that teacher against the baseline: better | worse | equivalent | inconclusive",
     "base_acc": "the student's own baseline accuracy",

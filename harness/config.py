@@ -375,6 +375,13 @@ class AnalysisConfig(Strict):
         description="prior SD of a teacher's post accuracy between replicates, in points: what "
         "`cotgap plan` assumes until replicates have run",
     )
+    multiplicity: Literal["group", "grid_fdr"] = Field(
+        "group",
+        description="group: Bonferroni over each (task, student, regime) group's comparisons "
+        "(any false better/worse in a group at most 1 - ci); grid_fdr: Benjamini-Hochberg over "
+        "every comparison of the grid, intervals at the false-coverage-rate level (expected share "
+        "of false better/worse at most 1 - ci; more power in grids with many true effects)",
+    )
 
 
 class SelectConfig(Strict):

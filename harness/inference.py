@@ -14,25 +14,27 @@ accuracies, and its variance has an item part and a replicate part:
           + sigma2_rep(A) / R_A + sigma2_rep(B) / R_B
 
 with sigma2_rep the between-replicate variance of an arm's accuracy, estimated by the
-method of moments of the balanced two-way (replicates x items) layout: (MS_rep - MS_res) / n,
-truncated at 0. Together the two parts are the textbook variance of a grand mean in a crossed
-random-effects design (items, replicates, residual), so nothing is counted twice.
+method of moments of the balanced two-way (replicates x items) layout, (MS_rep - MS_res) / n,
+kept signed; the item part already holds the item-by-replicate noise, so nothing is counted
+twice: the sum is the textbook variance of a grand mean in a crossed random-effects design
+(items, replicates, residual). The mean squares are pooled over the group's teachers unless
+Bartlett's test says their spreads differ (`replicate_source` has the reason).
 
 Near 0% and 100% a Wald interval collapses (an accuracy of 1/50 has an item variance estimate of
 almost nothing), so the item part is taken after the Bonett-Price adjustment: one pseudo-item
 discordant each way for a difference, two correct and two wrong pseudo-items for one accuracy
-(Agresti-Coull); with a single replicate and 0/1 data these are exactly the Bonett-Price and
-Wilson intervals. The critical value is Student's t with Satterthwaite degrees of freedom, so
-that a replicate variance estimated from three replicates widens the interval as it should.
+(Agresti-Coull), each of weight 1/R on the means of R replicates; with a single replicate and
+0/1 data these are exactly the Bonett-Price and Agresti-Coull intervals. The critical value is
+Student's t with Satterthwaite degrees of freedom of the whole sum.
 
-Every comparison ends in one word. With `alpha` and the group's m teachers, teacher-vs-baseline
-intervals are Bonferroni-adjusted over the m teachers, teacher-vs-teacher intervals over the
-m(m-1)/2 pairs; a comparison is
+Every comparison ends in one word. The multiplicity family is the decision group: with `alpha`
+and the group's m teachers, all m teacher-vs-baseline and m(m-1)/2 teacher-vs-teacher intervals
+are Bonferroni-adjusted to 1 - alpha / (m + m(m-1)/2); a comparison is
 
     better / worse   the adjusted interval excludes 0,
     equivalent       the adjusted interval lies inside +-effect (the effect of interest),
-    inconclusive     otherwise, and always when an arm has fewer than 2 replicates
-                     (exploratory: the spread between replicates is unknown).
+    inconclusive     otherwise, and always when an arm has fewer replicates than
+                     analysis.min_replicates (exploratory).
 
 The confidence set for the best teacher holds every teacher that no other teacher is `better`
 than; it misses the true best only when a pairwise interval errs (at most alpha).
@@ -47,7 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -79,22 +81,76 @@ def replicate_units(draws: Sequence[ArrayLike]) -> np.ndarray:
     return mats[0]
 
 
-def replicate_variance(units: np.ndarray) -> float:
-    """Between-replicate variance of an arm's accuracy (method of moments, truncated at 0).
-
-    Two-way layout without repetition: MS_rep = n * var(replicate means), MS_res the residual
-    mean square after removing replicate and item means; E[MS_rep] = s2_res + n * s2_rep."""
-    r, n = units.shape
-    if r < 2:
-        return 0.0
-    rep_means = units.mean(axis=1)
-    item_means = units.mean(axis=0)
-    grand = units.mean()
-    ms_rep = n * float(np.var(rep_means, ddof=1))
-    resid = units - rep_means[:, None] - item_means[None, :] + grand
+def mean_squares(units: ArrayLike) -> tuple[Any, Any]:
+    """(MS_rep, MS_res) of a replicates x items layout (..., R, n) without repetition: MS_rep =
+    n * var(replicate means), MS_res the residual mean square after removing replicate and item
+    means. E[MS_rep] = s2_res + n * s2_rep and E[MS_res] = s2_res."""
+    units = np.asarray(units, dtype=float)
+    r, n = units.shape[-2:]
+    rep_means = units.mean(axis=-1)
+    item_means = units.mean(axis=-2)
+    grand = rep_means.mean(axis=-1)
+    ms_rep = n * rep_means.var(axis=-1, ddof=1)
+    resid = units - rep_means[..., :, None] - item_means[..., None, :] + grand[..., None, None]
     dof_res = (r - 1) * (n - 1)
-    ms_res = float((resid**2).sum() / dof_res) if dof_res > 0 else 0.0
-    return max(0.0, (ms_rep - ms_res) / n)
+    ms_res = (resid**2).sum(axis=(-2, -1)) / dof_res if dof_res > 0 else 0.0 * ms_rep
+    return ms_rep, ms_res
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Mean squares pooled over a group's replicated arms (same student, task and regime), and
+    whether the arms' replicate spreads are compatible with one variance (elementwise)."""
+
+    ms_rep: Any
+    ms_res: Any
+    df_rep: Any
+    df_res: Any
+    homogeneous: Any = True
+
+
+def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
+    """Pool the mean squares of the arms with at least 2 replicates, each (..., R_t, n), with
+    Bartlett's test of equal MS_rep across them (see `replicate_source`)."""
+    rep = [np.asarray(u, dtype=float) for u in arms_units if u.shape[-2] > 1]
+    if not rep:
+        return None
+    n = rep[0].shape[-1]
+    ms = [mean_squares(u) for u in rep]
+    dfs = [u.shape[-2] - 1 for u in rep]
+    df_rep = sum(dfs)
+    ms_rep = sum(d * m for d, (m, _) in zip(dfs, ms, strict=True)) / df_rep
+    ms_res = sum(d * r for d, (_, r) in zip(dfs, ms, strict=True)) / df_rep
+    homogeneous = _bartlett_accepts([m for m, _ in ms], dfs, ms_rep)
+    return Pooled(ms_rep, ms_res, df_rep, df_rep * (n - 1), homogeneous)
+
+
+def _bartlett_accepts(variances: Sequence[Any], dfs: Sequence[int], pooled: Any) -> Any:
+    """Bartlett's test of equal variances from the variances and their degrees of freedom
+    (scipy's `bartlett` takes raw samples, not mean squares): True where it does not reject at
+    5%. A variance of exactly 0 next to a positive one rejects."""
+    k = len(variances)
+    if k < 2:
+        return np.ones(np.shape(pooled), dtype=bool)
+    total = sum(dfs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = [np.log(np.asarray(v, dtype=float)) for v in variances]
+        stat = total * np.log(pooled) - sum(d * lg for d, lg in zip(dfs, logs, strict=True))
+    stat = stat / (1 + (sum(1 / d for d in dfs) - 1 / total) / (3 * (k - 1)))
+    all_zero = np.asarray(pooled) <= 0
+    stat = np.where(all_zero, 0.0, np.nan_to_num(stat, nan=np.inf, posinf=np.inf))
+    return stat <= stats.chi2.ppf(0.95, k - 1)
+
+
+def replicate_variance(units: ArrayLike) -> Any:
+    """Between-replicate variance of an arm's accuracy, (MS_rep - MS_res) / n truncated at 0
+    (method of moments), elementwise over leading axes of a (..., R, n) layout."""
+    units = np.asarray(units, dtype=float)
+    if units.shape[-2] < 2:
+        return np.zeros(units.shape[:-2]) if units.ndim > 2 else 0.0
+    ms_rep, ms_res = mean_squares(units)
+    out = np.maximum(0.0, (ms_rep - ms_res) / units.shape[-1])
+    return float(out) if units.ndim == 2 else out
 
 
 @dataclass(frozen=True)
@@ -120,7 +176,7 @@ class Arm:
 
     @property
     def rep_var(self) -> float:
-        return 0.0 if self.fixed else replicate_variance(self.units)
+        return 0.0 if self.fixed else float(replicate_variance(self.units))
 
 
 def arm(draws: Sequence[ArrayLike], min_replicates: int = 3) -> Arm:
@@ -144,14 +200,15 @@ class Estimate:
     level: float
     se: float
     df: float
+    p: float = math.nan  # two-sided p of "no difference" from the same t (differences only)
 
 
 def satterthwaite(parts: Sequence[tuple[Any, Any]]) -> Any:
-    """Welch-Satterthwaite degrees of freedom of a sum of variance components (value, df);
-    elementwise over arrays of values (inf where every component is 0)."""
+    """Welch-Satterthwaite degrees of freedom of a sum of signed variance components (value,
+    df); elementwise over arrays of values (inf where every component is 0)."""
     total = sum(np.asarray(v, dtype=float) for v, _ in parts)
     denom = sum(
-        np.where((np.asarray(v) > 0) & (d > 0), np.asarray(v, dtype=float) ** 2 / max(d, 1), 0.0)
+        np.where(np.asarray(d) > 0, np.asarray(v, dtype=float) ** 2 / np.maximum(d, 1), 0.0)
         for v, d in parts
     )
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -159,46 +216,111 @@ def satterthwaite(parts: Sequence[tuple[Any, Any]]) -> Any:
 
 
 def contrast(
-    d: np.ndarray, rep_accs: Sequence[np.ndarray], level: Any
+    d: np.ndarray, rep_units: Sequence[np.ndarray], pooled: Pooled | None, level: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rule's interval for a difference, vectorised over leading axes (the simulations).
 
-    `d`: per-item differences (..., n) of the arms' replicate-averaged scores; `rep_accs`: for
-    each arm that has replicates, its replicate accuracies (..., R). Returns centre, se, df and
-    the half-width. The item part is taken after the Bonett-Price adjustment (one pseudo-item
-    discordant each way); each replicated arm adds var(replicate accuracies) / R, which holds
-    the between-replicate variance and the item-by-replicate noise a new replicate would show
-    (slightly conservative: that noise is also in the item part)."""
+    `d`: per-item differences (..., n) of the arms' replicate-averaged scores; `rep_units`: the
+    replicate units (..., R, n) of each arm that has replicates; `pooled`: the group's mean
+    squares. Returns centre, se, df and the half-width.
+
+    The item part is taken after the Bonett-Price adjustment: one pseudo-item discordant each way
+    on the scale of one adapter's 0/1 scores, so of weight 1/R on replicate means. It already
+    holds the item-by-replicate noise of the means, so the replicate part is the between-replicate
+    variance only (see `replicate_parts`)."""
     n = d.shape[-1]
-    m = n + 2
+    w = 1.0 / max([u.shape[-2] for u in rep_units], default=1)
+    m = n + 2 * w
     centre = d.sum(axis=-1) / m
-    item_var = np.maximum(((d * d).sum(axis=-1) + 2) / m - centre * centre, 0.0) / m
-    parts = [(item_var, n - 1)]
-    for acc in rep_accs:
-        r = acc.shape[-1]
-        parts.append((acc.var(axis=-1, ddof=1) / r, r - 1))
-    var = sum(v for v, _ in parts)
-    df = satterthwaite(parts)
+    item_var = np.maximum(((d * d).sum(axis=-1) + 2 * w) / m - centre * centre, 0.0) / m
+    var, df = _total([(item_var, n - 1)], rep_units, pooled)
     se = np.sqrt(var)
     q = stats.t.ppf(0.5 + np.asarray(level) / 2, df)
     return centre, se, df, q * se
 
 
-def difference(a: Arm, b: Arm, level: float = 0.95) -> Estimate:
-    """Accuracy of arm `a` minus arm `b` on the same items, with the rule's interval at `level`."""
+def _total(
+    parts: list[tuple[Any, Any]], rep_units: Sequence[np.ndarray], pooled: Pooled | None
+) -> tuple[Any, Any]:
+    """(variance, Satterthwaite df) of the item part plus the replicated arms' parts."""
+    sep, pooled_weight = list(parts), 0.0
+    uses_pool = []
+    for units in rep_units:
+        own, weight, n = pool([units]), 1 / units.shape[-2], units.shape[-1]
+        chosen, from_pool = replicate_source(own, pooled)
+        sep += replicate_parts(chosen, weight, n)
+        uses_pool.append(from_pool)
+        pooled_weight += weight
+    var, df = np.maximum(sum(v for v, _ in sep), 0.0), satterthwaite(sep)
+    if len(rep_units) == 2 and pooled is not None:
+        # both arms on the group's estimate: one component, not two independent ones
+        n = rep_units[0].shape[-1]
+        merged = list(parts) + replicate_parts(pooled, pooled_weight, n)
+        both = uses_pool[0] & uses_pool[1]
+        var = np.where(both, np.maximum(sum(v for v, _ in merged), 0.0), var)
+        df = np.where(both, satterthwaite(merged), df)
+    return var, df
+
+
+def replicate_source(own: Pooled, pooled: Pooled | None) -> tuple[Pooled, Any]:
+    """The mean squares an arm's replicate part comes from, and whether they are the group's
+    pooled ones (elementwise).
+
+    Pooling the teachers of a group (same student, task and regime) gives the between-replicate
+    variance sum(R_t - 1) degrees of freedom instead of R - 1: a 2-df estimate from three
+    replicates is small in a share of runs, and Bonferroni-adjusted intervals built on it give
+    5-9% family-wise error where the pooled one stays near 4% (benchmarks/README.md). Pooling
+    assumes one replicate variance for the group, so it is checked first (Bartlett's test of
+    the arms' MS_rep): where the spreads differ, every arm keeps its own estimate, and a teacher
+    whose replicates disagree is never made to look as steady as its neighbours, nor a steady
+    one as erratic."""
+    if pooled is None:
+        return own, np.zeros(np.shape(own.ms_rep), dtype=bool)
+    use = np.asarray(pooled.homogeneous, dtype=bool)
+    chosen = Pooled(
+        np.where(use, pooled.ms_rep, own.ms_rep),
+        np.where(use, pooled.ms_res, own.ms_res),
+        np.where(use, pooled.df_rep, own.df_rep),
+        np.where(use, pooled.df_res, own.df_res),
+    )
+    return chosen, use
+
+
+def replicate_parts(pooled: Pooled | None, weight: float, n: int) -> list[tuple[Any, Any]]:
+    """weight * s2_rep as two signed variance components, weight * MS_rep / n and
+    -weight * MS_res / n, with their degrees of freedom (weight: 1/R, or the sum of 1/R of two
+    arms sharing one estimate). Kept signed: truncating an estimate from a few replicates at 0
+    biases the variance up, and the interval over-covers; the Satterthwaite degrees of freedom
+    of the whole sum account for the negative part."""
+    if pooled is None or weight == 0:
+        return []
+    return [
+        (weight * pooled.ms_rep / n, pooled.df_rep),
+        (-weight * pooled.ms_res / n, pooled.df_res),
+    ]
+
+
+def difference(a: Arm, b: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estimate:
+    """Accuracy of arm `a` minus arm `b` on the same items, with the rule's interval at `level`;
+    `pooled`: the group's mean squares (default: pooled over `a` and `b`)."""
     n = a.units.shape[1]
     if b.units.shape[1] != n:
         raise ValueError(f"arms must score the same items: {n} and {b.units.shape[1]}")
     d = a.units.mean(axis=0) - b.units.mean(axis=0)
-    reps = [x.units.mean(axis=1) for x in (a, b) if not x.fixed and x.n_replicates > 1]
-    centre, se, df, half = (float(v) for v in contrast(d, reps, level))
-    return _estimate(a.accuracy - b.accuracy, centre, half, level, se, df, (-1.0, 1.0))
+    reps = [x for x in (a, b) if not x.fixed and x.n_replicates > 1]
+    if pooled is None:
+        pooled = pool([x.units for x in reps])
+    centre, se, df, half = (float(v) for v in contrast(d, [x.units for x in reps], pooled, level))
+    est = _estimate(a.accuracy - b.accuracy, centre, half, level, se, df, (-1.0, 1.0))
+    # the interval excludes 0 exactly when p < 1 - level (same centre, se and t)
+    p = float(2 * stats.t.sf(abs(centre) / se, df)) if se > 0 else float(centre == 0)
+    return replace(est, p=p)
 
 
-def accuracy(a: Arm, level: float = 0.95) -> Estimate:
+def accuracy(a: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estimate:
     """An arm's accuracy with its interval: Jeffreys for one 0/1 replicate (good coverage near 0
     and 1, Brown, Cai & DasGupta 2001), else Agresti-Coull's pseudo-items (two right, two wrong)
-    plus the replicates' variance, as `contrast` does."""
+    plus the between-replicate variance, as `contrast` does."""
     x = a.units.mean(axis=0)
     n = x.size
     p = float(x.mean())
@@ -207,15 +329,13 @@ def accuracy(a: Arm, level: float = 0.95) -> Estimate:
         low = 0.0 if k == 0 else float(stats.beta.ppf(tail, k + 0.5, n - k + 0.5))
         high = 1.0 if k == n else float(stats.beta.ppf(1 - tail, k + 0.5, n - k + 0.5))
         return Estimate(p, min(low, p), max(high, p), level, math.sqrt(p * (1 - p) / n), math.inf)
-    m = n + 4
-    centre = float((x.sum() + 2) / m)
-    item_var = max(float(((x * x).sum() + 2) / m - centre * centre), 0.0) / m
-    parts = [(item_var, n - 1)]
-    if a.n_replicates > 1:
-        reps = a.units.mean(axis=1)
-        parts.append((float(reps.var(ddof=1)) / a.n_replicates, a.n_replicates - 1))
-    se = math.sqrt(sum(v for v, _ in parts))
-    df = float(satterthwaite(parts))
+    w = 1.0 / a.n_replicates
+    m = n + 4 * w
+    centre = float((x.sum() + 2 * w) / m)
+    item_var = max(float(((x * x).sum() + 2 * w) / m - centre * centre), 0.0) / m
+    reps = [a.units] if a.n_replicates > 1 else []
+    var, df = (float(v) for v in _total([(item_var, n - 1)], reps, pooled))
+    se = math.sqrt(var)
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
     return _estimate(p, centre, half, level, se, df, (0.0, 1.0))
 
@@ -287,36 +407,40 @@ def decide_group(
     alpha: float = 0.05,
     effect: float = 0.03,
     min_replicates: int = 3,
+    level: float | None = None,
 ) -> GroupDecision:
     """The answer for one group: every teacher against the baseline and against every other.
 
     `base`: the baseline's 0/1 vector; `teachers`: per teacher, its draws (see `replicate_units`);
     `effect`: the effect of interest as a fraction (analysis.effect_of_interest / 100); a teacher
-    with fewer than `min_replicates` replicate units is exploratory."""
+    with fewer than `min_replicates` replicate units is exploratory. `level`: the level of every
+    comparison's interval; by default Bonferroni over the group (`family_size`), see
+    `decide_groups` for the grid-wide alternative."""
     b = baseline_arm(base)
     arms = {t: arm(d, min_replicates) for t, d in teachers.items()}
     m = len(arms)
     names = list(arms)
+    pooled = pool([a.units for a in arms.values()])
+    level = 1 - alpha / family_size(m) if level is None else level
     base_est = accuracy(b, 1 - alpha)
     rows = []
     for t in names:
-        g = difference(arms[t], b, 1 - alpha / m)
-        acc = accuracy(arms[t], 1 - alpha / m)
+        g = difference(arms[t], b, level, pooled)
+        acc = accuracy(arms[t], level, pooled)
         rows.append(
             {"teacher": t, "post_acc": acc.estimate, "post_low": acc.low, "post_high": acc.high,
              "gain": g.estimate, "gain_low": g.low, "gain_high": g.high, "gain_se": g.se,
-             "level": g.level, "n_replicates": arms[t].n_replicates,
+             "gain_p": g.p, "level": g.level, "n_replicates": arms[t].n_replicates,
              "rep_sd": math.sqrt(arms[t].rep_var), "exploratory": arms[t].exploratory,
              "verdict": verdict(g, effect, arms[t].exploratory)}
         )  # fmt: skip
     pairs = []
-    n_pairs = max(1, m * (m - 1) // 2)
     for i, j in itertools.combinations(range(m), 2):
         x, y = arms[names[i]], arms[names[j]]
-        d = difference(y, x, 1 - alpha / n_pairs)
+        d = difference(y, x, level, pooled)
         pairs.append(
             {"a": names[i], "b": names[j], "diff": d.estimate, "low": d.low, "high": d.high,
-             "level": d.level, "verdict": verdict(d, effect, x.exploratory or y.exploratory)}
+             "p": d.p, "level": d.level, "verdict": verdict(d, effect, x.exploratory or y.exploratory)}
         )  # fmt: skip
     beaten = set()
     for q in pairs:  # verdict of b - a: "better" means b beats a
@@ -331,6 +455,67 @@ def decide_group(
         rows, pairs, best_set, answer, distill, exploratory, base_est.estimate, base_est.low,
         base_est.high, int(b.units.shape[1]), alpha, effect, headline,
     )  # fmt: skip
+
+
+MULTIPLICITY = ("group", "grid_fdr")
+
+
+def decide_groups(
+    groups: Mapping[Any, tuple[ArrayLike, Mapping[str, Sequence[ArrayLike]]]],
+    alpha: float = 0.05,
+    effect: float = 0.03,
+    min_replicates: int = 3,
+    multiplicity: str = "group",
+) -> tuple[dict[Any, GroupDecision], dict[str, Any]]:
+    """Every group's decision under one multiplicity rule, and the rule's record.
+
+    `groups`: key -> (baseline vector, teachers' draws). "group": Bonferroni within each group
+    (`decide_group`), the chance of any false better/worse in a group is at most alpha.
+    "grid_fdr": the false-discovery rate over the whole grid. Benjamini-Hochberg at q = alpha
+    selects among every comparison of every group that is not exploratory; each interval is then
+    taken at the false-coverage-rate level 1 - R q / M of Benjamini and Yekutieli (2005), with R
+    selected of M, so that "better"/"worse" (the interval excludes 0) holds for exactly the
+    selected comparisons, and the expected share of false ones among them is at most q. More
+    power where a grid holds many true effects; no per-group guarantee."""
+    if multiplicity not in MULTIPLICITY:
+        raise ValueError(f"multiplicity must be one of {MULTIPLICITY}, not {multiplicity!r}")
+    decide = {
+        key: decide_group(base, teachers, alpha, effect, min_replicates)
+        for key, (base, teachers) in groups.items()
+    }
+    record: dict[str, Any] = {"rule": multiplicity, "alpha": alpha}
+    if multiplicity == "group":
+        return decide, record
+    p = [
+        x[k]
+        for d in decide.values()
+        for x, k in [*((t, "gain_p") for t in d.teachers), *((q, "p") for q in d.pairs)]
+        if not d.exploratory
+    ]
+    selected = _benjamini_hochberg(np.asarray(p, dtype=float), alpha)
+    m, r = len(p), int(selected.sum())
+    level = 1 - max(r, 1) * alpha / max(m, 1)
+    record.update({"level": level, "comparisons": m, "selected": r})
+    return {
+        key: decide_group(base, teachers, alpha, effect, min_replicates, level)
+        for key, (base, teachers) in groups.items()
+    }, record
+
+
+def _benjamini_hochberg(p: np.ndarray, q: float) -> np.ndarray:
+    """Which p-values Benjamini-Hochberg selects at false-discovery rate q (statsmodels)."""
+    if p.size == 0:
+        return np.zeros(0, dtype=bool)
+    from statsmodels.stats.multitest import multipletests
+
+    return multipletests(p, alpha=q, method="fdr_bh")[0]
+
+
+def family_size(m: int) -> int:
+    """The comparisons of a decision group of m teachers, one multiplicity family: m against the
+    baseline and m(m-1)/2 between teachers. Bonferroni over all of them bounds the chance of any
+    false better/worse in the group by alpha."""
+    return m + m * (m - 1) // 2
 
 
 def _answer(
@@ -470,16 +655,18 @@ def simulate(
 
 
 def rule_calls_better(
-    a: np.ndarray, b: np.ndarray | None, base: np.ndarray | None, level: float
-) -> np.ndarray:
+    a: np.ndarray, b: np.ndarray | None, base: np.ndarray | None, others: Sequence[np.ndarray],
+    level: float,
+) -> np.ndarray:  # fmt: skip
     """Per simulation: does the rule call arm `a` (sims, R, n) better than arm `b` (sims, R, n),
-    or than the fixed baseline `base` (sims, n)?"""
-    reps = [a.mean(axis=2)]
+    or than the fixed baseline `base` (sims, n)? `others`: the group's other teachers, whose
+    replicates are pooled with those of `a` and `b` as `decide_group` pools them."""
+    arms = [a] if b is None else [a, b]
     other = base.astype(float) if b is None else b.mean(axis=1)
-    if b is not None:
-        reps.append(b.mean(axis=2))
     d = a.mean(axis=1) - other
-    centre, _, _, half = contrast(d, [r for r in reps if r.shape[-1] > 1], level)
+    reps = [x.astype(float) for x in arms if x.shape[-2] > 1]
+    pooled = pool([*arms, *others])
+    centre, _, _, half = contrast(d, reps, pooled, level)
     return (centre - half) > 0
 
 
@@ -487,29 +674,32 @@ def gain_power(
     n: int, base_acc: float, gain: float, replicates: int, rep_sd: float, m: int = 1,
     alpha: float = 0.05, concordance: float = 0.5, sims: int = 2000, seed: int = 0,
 ) -> float:  # fmt: skip
-    """Share of simulated groups in which the report's rule calls a teacher of true gain `gain`
-    better than the baseline (interval Bonferroni-adjusted over m teachers, >= 2 replicates)."""
+    """Share of simulated groups of m teachers of true gain `gain` in which the report's rule
+    calls the first better than the baseline (one Bonferroni family per group, see
+    `family_size`; replicates pooled over the group; >= 2 replicates)."""
     if replicates < 2:
         return 0.0  # exploratory: never "better" (below analysis.min_replicates likewise)
     rng = np.random.default_rng(seed)
-    base, (a,) = simulate(
-        rng, sims, n, base_acc, [base_acc + gain], replicates, rep_sd, concordance
+    base, arms = simulate(
+        rng, sims, n, base_acc, [base_acc + gain] * m, replicates, rep_sd, concordance
     )
-    return float(rule_calls_better(a, None, base, 1 - alpha / m).mean())
+    level = 1 - alpha / family_size(m)
+    return float(rule_calls_better(arms[0], None, base, arms[1:], level).mean())
 
 
 def difference_power(
     n: int, acc: float, diff: float, replicates: int, rep_sd: float, m: int,
     alpha: float = 0.05, concordance: float = 0.5, sims: int = 2000, seed: int = 0,
 ) -> float:  # fmt: skip
-    """Share of simulated groups in which the rule calls the better of two teachers `diff` apart
-    better (interval Bonferroni-adjusted over the m(m-1)/2 pairs of m teachers)."""
+    """Share of simulated groups of m teachers in which the rule calls the better of two
+    teachers `diff` apart better (the other m - 2 teachers at the lower accuracy)."""
     if replicates < 2:
         return 0.0
     rng = np.random.default_rng(seed)
-    _, (lo, hi) = simulate(rng, sims, n, acc, [acc, acc + diff], replicates, rep_sd, concordance)
-    pairs = max(1, m * (m - 1) // 2)
-    return float(rule_calls_better(hi, lo, None, 1 - alpha / pairs).mean())
+    accs = [acc + diff] + [acc] * max(m - 1, 1)
+    _, arms = simulate(rng, sims, n, acc, accs, replicates, rep_sd, concordance)
+    level = 1 - alpha / family_size(max(m, 2))
+    return float(rule_calls_better(arms[0], arms[1], None, arms[2:], level).mean())
 
 
 def _smallest(power_at: Any, top: float, power: float) -> float:
@@ -551,20 +741,27 @@ def minimum_detectable_difference(
 
 
 def coverage(
-    n: int, acc: float, runs: int, replicates: int = 3, rep_sd: float = 0.02, seed: int = 0
-) -> tuple[float, float]:
-    """Simulated coverage of the rule's gain and accuracy intervals: a teacher of true accuracy
-    `acc` + 4 points (below 50%; `acc` itself above) against a fixed baseline of `acc`, its true
-    mean accuracy over replicate draws taken from 400,000 draws. (gain coverage, accuracy
-    coverage) over `runs` simulated groups."""
+    n: int, acc: float, runs: int, replicates: int = 3, rep_sd: float = 0.02, m: int = 4,
+    seed: int = 0,
+) -> tuple[float, float, float]:  # fmt: skip
+    """Simulated coverage of the rule's unadjusted 95% intervals in groups of m teachers:
+    teacher 0 has true accuracy `acc` + 4 points (below 50%; `acc` itself above), the others
+    `acc`, against a fixed baseline of `acc`. True mean accuracies over replicate draws come from
+    400,000 draws. Returns (gain, teacher-difference, accuracy) coverage over `runs` groups."""
     rng = np.random.default_rng(seed)
     post = min(acc + 0.04, 0.99) if acc < 0.5 else acc
-    truth = float(np.clip(post + rng.normal(0, rep_sd, 400_000), 0, 1).mean())
-    base, arms = simulate(rng, runs, n, acc, [post], replicates, rep_sd)
-    hit_gain = hit_acc = 0
+    truth = [float(np.clip(p + rng.normal(0, rep_sd, 400_000), 0, 1).mean()) for p in (post, acc)]
+    base, sims = simulate(rng, runs, n, acc, [post] + [acc] * (m - 1), replicates, rep_sd)
+    hits = np.zeros(3)
     for s in range(runs):
-        a, b = arm(list(arms[0][s])), baseline_arm(base[s])
-        g, p = difference(a, b), accuracy(a)
-        hit_gain += g.low <= truth - acc <= g.high
-        hit_acc += p.low <= truth <= p.high
-    return hit_gain / runs, hit_acc / runs
+        arms = [arm(list(a[s])) for a in sims]
+        pooled = pool([a.units for a in arms])
+        g = difference(arms[0], baseline_arm(base[s]), 0.95, pooled)
+        d = difference(arms[0], arms[1], 0.95, pooled)
+        p = accuracy(arms[0], 0.95, pooled)
+        hits += [
+            g.low <= truth[0] - acc <= g.high,
+            d.low <= truth[0] - truth[1] <= d.high,
+            p.low <= truth[0] <= p.high,
+        ]
+    return tuple(float(h) for h in hits / runs)

@@ -228,9 +228,8 @@ def _answers(r: dict[str, Any]) -> str:
             "Which teacher should each student distill from, and does distilling beat the "
             "student's own baseline? One row per (task, student, regime), from answers.csv. The "
             "unit is the teacher: each gain pools the teacher's replicates (trace draws and "
-            "training seeds), and its interval covers test items and replicates, Bonferroni-"
-            f"adjusted over the group's teachers (family-wise {100 * (1 - a['ci']):g}%). An "
-            "answer names a teacher only when it beats the baseline and no other teacher is "
+            f"training seeds), and its interval covers test items and replicates, "
+            f"{_multiplicity(a, decided)}. An answer names a teacher only when it beats the baseline and no other teacher is "
             f"possibly better; `none` when no teacher can beat the baseline by "
             f"{a['effect_of_interest']:g} points (the effect of interest); else inconclusive. "
             f"Below {a['min_replicates']} replicates per teacher nothing is claimed (exploratory).",
@@ -238,6 +237,23 @@ def _answers(r: dict[str, Any]) -> str:
             "\n".join(f"- {_who(g)}: {answer_line(g)}." for g in decided),
             _replicate_cost(r, decided),
         ]
+    )
+
+
+def _multiplicity(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
+    """How the intervals are adjusted for multiplicity (analysis.multiplicity)."""
+    alpha = 100 * (1 - a["ci"])
+    rec = decided[0]["decision"].get("multiplicity") or {"rule": "group"}
+    if rec["rule"] == "grid_fdr":
+        return (
+            f"at the false-coverage-rate level {100 * rec['level']:.4g}%: Benjamini-Hochberg at "
+            f"{alpha:g}% over all {rec['comparisons']} comparisons of the grid selected "
+            f"{rec['selected']}, so at most {alpha:g}% of the better/worse verdicts are expected "
+            "to be false (no per-group guarantee)"
+        )
+    return (
+        "Bonferroni-adjusted over all the group's comparisons (each teacher against the baseline "
+        f"and against each other; family-wise {alpha:g}%)"
     )
 
 

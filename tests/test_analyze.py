@@ -51,9 +51,9 @@ FLIPS = {
     ("s_b", "intersection"): {"t_small": (1, 0), "t_mid": (2, 2), "t_large": (0, 2)},
 }
 N_EXAMPLES = {"t_small": 40, "t_mid": 70, "t_large": 95}
-# three teachers in a group: teacher-vs-baseline intervals and the three teacher pairs are both
-# Bonferroni-adjusted to 1 - 0.05 / 3
-LEVEL = 1 - 0.05 / 3
+# three teachers in a group: one multiplicity family of 3 teacher-vs-baseline intervals and the 3
+# teacher pairs, Bonferroni-adjusted to 1 - 0.05 / 6
+LEVEL = 1 - 0.05 / 6
 TEACHER_COLUMNS = ["teacher_gain", "teacher_gain_low", "teacher_gain_high", "verdict"]
 TEACHER_COLUMNS += ["in_best_set", "n_replicates"]
 
@@ -159,14 +159,17 @@ def mcnemar_by_hand(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def interval_by_hand(a: np.ndarray, b: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+def interval_by_hand(
+    a: np.ndarray, b: np.ndarray, level: float = LEVEL, replicates: int = 1
+) -> tuple[float, float]:
     """Bonett-Price interval of mean(a) - mean(b) for two paired 0/1 vectors (one replicate each,
-    or identical replicates): one pseudo-item discordant each way, Student's t on n - 1 degrees
-    of freedom, clipped to [-1, 1] and widened to hold the point estimate."""
-    n = len(a)
+    or `replicates` identical ones): one pseudo-item discordant each way on one adapter's scale
+    (weight 1/replicates), Student's t on n - 1 degrees of freedom, clipped to [-1, 1] and widened
+    to hold the point estimate."""
+    n, w = len(a), 1 / replicates
     wins, losses = int((a & ~b).sum()), int((~a & b).sum())
-    centre = (wins - losses) / (n + 2)
-    var = ((wins + losses + 2) / (n + 2) - centre**2) / (n + 2)
+    centre = (wins - losses) / (n + 2 * w)
+    var = ((wins + losses + 2 * w) / (n + 2 * w) - centre**2) / (n + 2 * w)
     half = float(sps.t.ppf(0.5 + level / 2, n - 1)) * math.sqrt(var)
     point = (wins - losses) / n
     return min(max(-1.0, centre - half), point), max(min(1.0, centre + half), point)
@@ -499,7 +502,7 @@ def test_report_states_what_the_data_say(built) -> None:
         )
         bullet = _answer_bullet(report, student, regime)
         assert "exploratory (1 replicate(s) per teacher; no verdict" in bullet
-        assert f"largest gain {top['teacher']}: gain {signed(top['gain'])} pts, 98.33% CI" in bullet
+        assert f"largest gain {top['teacher']}: gain {signed(top['gain'])} pts, 99.17% CI" in bullet
     assert "distill from t_" not in report and "p_best" not in report and "Holm" not in report
 
     evidence = _section(report, "Evidence per group")
@@ -599,16 +602,16 @@ def test_report_follows_the_data(tmp_path: Path) -> None:
     report = (out / "report.md").read_text()
     v, base = _vectors("s_a", "per_teacher", flips), _base_vector("s_a")
     # both seeds score the same items: no replicate spread, the interval is Bonett-Price's
-    low, high = interval_by_hand(v["t_large"], base)
+    low, high = interval_by_hand(v["t_large"], base, replicates=2)
     assert low > 0  # by hand: the rule calls it better
     for other in ("t_small", "t_mid"):
-        assert interval_by_hand(v["t_large"], v[other])[0] > 0
+        assert interval_by_hand(v["t_large"], v[other], replicates=2)[0] > 0
     assert _answer_row(report, "s_a", "per_teacher") == (
         f"| {TASK} | s_a | per_teacher | 50.0 | t_large | yes | t_large | +40.0 | "
         f"[{signed(low)}, {signed(high)}] | t_large | 2 |"
     )
     assert _answer_bullet(report, "s_a", "per_teacher").endswith(
-        f"distill from t_large: gain +40.0 pts, 98.33% CI [{signed(low)}, {signed(high)}]; it is "
+        f"distill from t_large: gain +40.0 pts, 99.17% CI [{signed(low)}, {signed(high)}]; it is "
         "the only member of the best set."
     )
     assert "exploratory" not in _answer_bullet(report, "s_a", "per_teacher")
@@ -691,14 +694,15 @@ def test_a_clearly_better_teacher_is_the_answer() -> None:
 
 def test_equal_teachers_give_no_better_and_hand_intervals() -> None:
     """Two teachers whose three replicates all score the same items: no replicate spread, so each
-    gain interval is Bonett-Price's at 1 - 0.05/2, and the pair is equivalent, never better."""
+    gain interval is Bonett-Price's at 1 - 0.05/3 (2 gains and 1 pair in the group's family), and
+    the pair is equivalent, never better."""
     rng = np.random.default_rng(9)
     base = rng.random(200) < 0.3
     post = rng.random(200) < 0.6
     c = analyze.compare_teachers(
         AnalysisConfig(), base, {"ta": _replicates([post] * 3), "tb": _replicates([post] * 3)}
     )
-    low, high = interval_by_hand(post, base, 1 - 0.05 / 2)
+    low, high = interval_by_hand(post, base, 1 - 0.05 / 3, replicates=3)
     for t in c["teachers"]:
         assert (t["gain_low"], t["gain_high"]) == (pytest.approx(low), pytest.approx(high))
         assert t["verdict"] == "better" and t["rep_sd"] == 0

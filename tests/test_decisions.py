@@ -86,15 +86,15 @@ def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     assert inference.gain_power(200, 0.5, 0.03, 20, 0.03, 1, sims=2000, seed=22) < 0.8
     assert "20 replicates do not reach it" in line
 
-    exp = _experiment(tmp_path, 1000, 10.0, [0, 1, 2], 2)
+    exp = _experiment(tmp_path, 1000, 5.0, [0, 1, 2], 2)
     big = plan.detectable_gains(exp, Store(tmp_path / "r2"))
-    assert "2 teacher(s), 3 replicate(s) each" in big[0] and "effect of interest 10 pts" in big[0]
+    assert "2 teacher(s), 3 replicate(s) each" in big[0] and "effect of interest 5 pts" in big[0]
     assert "exploratory" not in "\n".join(big)
     mde = _gain_mde(big[1])
     assert 0.75 <= inference.gain_power(1000, 0.5, mde, 3, 0.03, 2, sims=4000, seed=23) <= 0.85
     more = int(re.search(r"\((\d+) replicates would reach it\)", big[1])[1])
     assert more > 3
-    assert inference.gain_power(1000, 0.5, 0.10, more, 0.03, 2, sims=4000, seed=24) >= 0.77
+    assert inference.gain_power(1000, 0.5, 0.05, more, 0.03, 2, sims=4000, seed=24) >= 0.77
 
     wide = plan.detectable_gains(_experiment(tmp_path, 1000, 15.0, [0, 1, 2], 2), Store(tmp_path))
     assert "out of reach" not in "\n".join(wide)
@@ -122,8 +122,10 @@ def test_answer_words_follow_the_evidence():
     c = analyze.compare_teachers(a, base, {"t-l": weak, "t-m": strong})
     h = c["headline"]
     assert c["answer"] == h["teacher"] == "t-m" and h["verdict"] == "better"
+    # one family per group: 2 gains and 1 pair, Bonferroni 0.05 / 3
+    assert h["level"] == pytest.approx(1 - 0.05 / 3)
     assert report.answer_line({"decision": c}) == (
-        f"distill from t-m: gain {report.spts(h['gain'])} pts, 97.5% CI "
+        f"distill from t-m: gain {report.spts(h['gain'])} pts, 98.33% CI "
         f"{report.ci(h['gain_low'], h['gain_high'])}; it is the only member of the best set"
     )
 
@@ -142,3 +144,37 @@ def test_answer_words_follow_the_evidence():
     words = report.answer_line({"decision": c})
     assert words.startswith("exploratory (1 replicate(s) per teacher; no verdict")
     assert "distill from" not in words
+
+
+def test_grid_fdr_is_one_rule_read_by_every_group_and_the_report():
+    """analysis.multiplicity grid_fdr: every group's decision carries the same record (level,
+    comparisons, selected), every interval is at that level, and the report's Answers section
+    states the rule instead of the per-group Bonferroni one."""
+    rng = np.random.default_rng(12)
+    groups = {
+        (f"task{k}", "s", "per_teacher"): (
+            rng.random(400) < 0.3,
+            {"weak": _replicates(rng, 0.3), "strong": _replicates(rng, 0.5 + 0.05 * k)},
+        )
+        for k in range(3)
+    }
+    a = AnalysisConfig(multiplicity="grid_fdr")
+    decided = analyze.compare_groups(a, groups)
+    records = {json.dumps(d["multiplicity"], sort_keys=True) for d in decided.values()}
+    assert len(records) == 1
+    rec = next(iter(decided.values()))["multiplicity"]
+    assert rec["rule"] == "grid_fdr" and rec["comparisons"] == 9 and rec["selected"] >= 3
+    assert rec["level"] == pytest.approx(1 - rec["selected"] * 0.05 / 9)
+    for d in decided.values():
+        levels = [t["level"] for t in d["teachers"]] + [q["level"] for q in d["pairs"]]
+        assert levels == [pytest.approx(rec["level"])] * 3
+        assert d["answer"] == "strong"
+    view = [{"decision": d} for d in decided.values()]
+    text = report._multiplicity(a.model_dump(), view)
+    assert "Benjamini-Hochberg at 5% over all 9 comparisons of the grid selected" in text
+    plain = analyze.compare_groups(AnalysisConfig(), groups)
+    assert "Bonferroni-adjusted over all the group's comparisons" in report._multiplicity(
+        AnalysisConfig().model_dump(), [{"decision": d} for d in plain.values()]
+    )
+    with pytest.raises(ValueError, match="multiplicity"):
+        AnalysisConfig(multiplicity="holm")

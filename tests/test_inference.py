@@ -3,7 +3,7 @@
 Synthetic groups with known truth (`inference.simulate`: item difficulty shared with the baseline,
 a replicate-to-replicate SD of the teachers' accuracy) go through the same functions the analysis
 calls (`decide_group`, `difference`, `accuracy`, `teacher_permutation_test`). Each bound below is
-the issue's target; the simulation sizes keep the Monte Carlo error well inside it (about ±1.5
+the stated target; the simulation sizes keep the Monte Carlo error well inside it (about ±1.5
 points at 600 runs). Larger sweeps and their figures: benchmarks/inference.py.
 """
 
@@ -49,15 +49,16 @@ def test_one_replicate_is_exploratory_and_never_better():
 
 @pytest.mark.parametrize("n", [50, 200])
 @pytest.mark.parametrize("acc", [0.02, 0.3, 0.5, 0.98])
-def test_gain_and_accuracy_intervals_cover(n, acc):
-    """Coverage of the teacher-level gain (against the fixed baseline) and accuracy intervals,
-    3 replicates at a 2-point SD. The rule errs on the safe side: near 0 and 1 the binomial is
-    discrete (up to 100% there), and at 50 items the pseudo-items and the replicate term's share
-    of item noise widen it (up to 99.5%); never below 93%."""
-    covered = inf.coverage(n, acc, runs=400, seed=int(acc * 100) + n)
-    extreme = acc in (0.02, 0.98)
+def test_gain_difference_and_accuracy_intervals_cover(n, acc):
+    """Coverage of the unadjusted 95% intervals for a teacher's gain over the fixed baseline, the
+    difference between two teachers and a teacher's accuracy, in groups of four teachers with 3
+    replicates at a 2-point SD. Target 93-97%, with the Monte Carlo error of 600 runs (about
+    +-0.9 points) allowed twice; at 50 items and 2% or 98% the binomial is discrete (about one
+    wrong or right answer per test), so only the lower bound holds there."""
+    covered = inf.coverage(n, acc, runs=600, seed=int(acc * 100) + n)
+    extreme = n == 50 and acc in (0.02, 0.98)
     for rate in covered:
-        assert 0.93 <= rate <= (1.0 if extreme else 0.995)
+        assert 0.912 <= rate <= (1.0 if extreme else 0.988)
 
 
 def test_difference_between_teachers_covers():
@@ -69,7 +70,7 @@ def test_difference_between_teachers_covers():
     for s in range(runs):
         d = inf.difference(inf.arm(list(hi[s])), inf.arm(list(lo[s])))
         hits += d.low <= truth[1] - truth[0] <= d.high
-    assert 0.93 <= hits / runs <= 0.985
+    assert 0.912 <= hits / runs <= 0.988  # 93-97%, Monte Carlo error of 400 runs allowed twice
 
 
 def test_power_at_the_stated_mde_is_eighty_percent():
@@ -137,3 +138,62 @@ def test_replicate_units_average_training_seeds_within_a_trace_draw():
     assert units.tolist() == [[1.0, 0.5, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
     # one trace draw: its training seeds are the units
     assert inf.replicate_units([draw_a]).shape == (2, 4)
+
+
+def _fdr_grid(rng, groups=20, n=200, effect=0.12):
+    """Half the groups have one teacher `effect` above a 30% baseline; everything else is null.
+    Returns the groups for `decide_groups` and the truth of every comparison (True: a real
+    difference) keyed like the verdicts."""
+    grid, truth = {}, {}
+    for g in range(groups):
+        gain = effect if g % 2 == 0 else 0.0
+        base, arms = inf.simulate(rng, 1, n, 0.3, [0.3 + gain, 0.3, 0.3], 3, 0.02)
+        grid[g] = (base[0], {f"t{k}": list(arms[k][0]) for k in range(3)})
+        truth.update({(g, "t0"): gain > 0, (g, "t1"): False, (g, "t2"): False})
+        truth.update({(g, "t0", "t1"): gain > 0, (g, "t0", "t2"): gain > 0})
+        truth[g, "t1", "t2"] = False
+    return grid, truth
+
+
+def _calls(decided):
+    out = {}
+    for g, d in decided.items():
+        out.update({(g, t["teacher"]): t["verdict"] for t in d.teachers})
+        out.update({(g, q["a"], q["b"]): q["verdict"] for q in d.pairs})
+    return out
+
+
+def test_grid_fdr_controls_false_discoveries_and_finds_more():
+    """analysis.multiplicity grid_fdr: over 20 simulated grids of 16 groups (half with a real
+    12-point teacher), the share of false better/worse among all better/worse stays at or below
+    5% (Monte Carlo error allowed), and it finds at least as many real differences as
+    Bonferroni within each group."""
+    rng = np.random.default_rng(17)
+    fdp, found = [], {"group": 0, "grid_fdr": 0}
+    for _ in range(20):
+        grid, truth = _fdr_grid(rng, groups=16)
+        for rule in found:
+            decided, record = inf.decide_groups(grid, multiplicity=rule)
+            calls = {k: v for k, v in _calls(decided).items() if v in ("better", "worse")}
+            found[rule] += sum(truth[k] for k in calls)
+            if rule == "grid_fdr":
+                assert record["comparisons"] == 96 and 0 < record["level"] < 1
+                fdp.append(sum(not truth[k] for k in calls) / max(len(calls), 1))
+    assert np.mean(fdp) <= 0.05 + 0.02
+    assert found["grid_fdr"] >= found["group"] > 0
+
+
+def test_grid_fdr_verdicts_are_the_benjamini_hochberg_selection():
+    """Every better/worse under grid_fdr is a comparison Benjamini-Hochberg selects (statsmodels,
+    recomputed here from the p-values), and no other comparison is better/worse."""
+    from statsmodels.stats.multitest import multipletests
+
+    grid, _ = _fdr_grid(np.random.default_rng(5))
+    decided, record = inf.decide_groups(grid, multiplicity="grid_fdr")
+    rows = [(t["gain_p"], t["verdict"]) for d in decided.values() for t in d.teachers]
+    rows += [(q["p"], q["verdict"]) for d in decided.values() for q in d.pairs]
+    selected = multipletests([p for p, _ in rows], alpha=0.05, method="fdr_bh")[0]
+    assert record["selected"] == int(selected.sum()) > 0
+    assert [v in ("better", "worse") for _, v in rows] == list(selected)
+    with pytest.raises(ValueError, match="multiplicity"):
+        inf.decide_groups(grid, multiplicity="holm")
