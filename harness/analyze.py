@@ -123,7 +123,8 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     try:
         atomic_write_text(tmp / "leaderboard.csv", board.to_csv(index=False))
         atomic_write_text(tmp / "answers.csv", answers_df.to_csv(index=False))
-        result["screening"] = screening.write(tmp, exp, store, board)
+        posts = lambda: item_posts(exp, store, board)  # noqa: E731 (read only with screen cells)
+        result["screening"] = screening.write(tmp, exp, store, board, posts)
         atomic_write_json(tmp / "analysis.json", jsonable(result))
         report.write(tmp, exp, board, result)
         _swap_in(tmp, out)
@@ -319,6 +320,22 @@ def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: p
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
     }
+
+
+def item_posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict:
+    """(task, student, teacher, regime, trace draw) -> test item -> correct, the mean over
+    training seeds, from the distilled rows' eval cells (read as the leaderboard reads them)."""
+    if board is None or board.empty:
+        return {}
+    reader, out = _Reader(store, exp.data_dir), {}
+    dist = board[board["row_type"] == "distilled"]
+    for row, g in dist.groupby(screening.ROW, sort=False):
+        evals = [reader.eval(k) for k in g["eval_key"]]
+        evals = [e.correct for e in evals if e is not None]
+        if evals:
+            items = set.intersection(*(set(e) for e in evals))
+            out[row] = {i: float(np.mean([e[i] for e in evals])) for i in items}
+    return out
 
 
 class Replicate(NamedTuple):

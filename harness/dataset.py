@@ -14,38 +14,9 @@ from typing import Any
 from harness import models, regimes, scoring
 from harness.cells import Dataset, Traces, model_identities
 from harness.config import Experiment
+from harness.encoding import encode, load_tokenizer
 from harness.errors import UserError
 from harness.store import Store, read_jsonl
-
-
-def load_tokenizer(model_dir: str, chat_template: bool, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    if tok.eos_token_id is None:
-        raise UserError(
-            f"{model_dir}: the tokenizer has no EOS token; a student must learn to stop."
-        )
-    if chat_template and not tok.chat_template:
-        raise UserError(
-            f"{model_dir}: no chat template in the tokenizer; set chat_template: false."
-        )
-    return tok
-
-
-def encode(tok: Any, prompt: str, completion: str, chat_template: bool) -> tuple[list[int], int]:
-    """Token ids of prompt + completion + EOS as the student sees them, and how many are prompt.
-
-    The prompt is rendered as evaluation renders it (chat template, or raw text with the tokenizer's
-    own special tokens); the completion is tokenized on its own so the boundary is exact."""
-    if chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        prompt_ids = tok(text, add_special_tokens=False)["input_ids"]
-    else:
-        prompt_ids = tok(prompt)["input_ids"]
-    completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
-    return [*prompt_ids, *completion_ids, tok.eos_token_id], len(prompt_ids)
 
 
 def _traces(exp: Experiment, store: Store, cell: Dataset) -> tuple[dict[str, list[dict]], int]:

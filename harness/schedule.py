@@ -222,6 +222,7 @@ class Schedule:
         kinds = {c.kind for c in cells}
         self.counts = {k: 0 for k in STAGE_OF_KIND if k in kinds}  # the grid's kinds
         self._phase_began: dict[int, float] = {}
+        self._phase_planned: dict[int, set[str]] = {}  # the pending keys when a phase began
 
     def ready(self, lowest_phase: bool, share_workers: bool) -> list[Group]:
         """Groups whose inputs are done (or not this run's work), taken out of `pending`.
@@ -251,13 +252,19 @@ class Schedule:
         ):
             took = time.perf_counter() - self._phase_began.pop(phase)
             n = sum(1 for c in self.work if c.phase == phase and c.key in self.done)
+            # gated and screened-out cells are found as the phase goes: the start line cannot
+            # know them, the end line says how many of the planned cells ran and were skipped
+            skipped = len(self._phase_planned.pop(phase, set()) & self.skipped)
             stage, title = PHASES[phase]
             self.emit(
                 "phase_done",
-                f"phase {phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) done in {took:.1f} s",
+                f"phase {phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) done"
+                + (f", {skipped} skipped" if skipped else "")
+                + f" in {took:.1f} s",
                 phase=phase,
                 stage=stage,
                 cells=n,
+                skipped=skipped,
                 seconds=round(took, 3),
             )
 
@@ -335,10 +342,13 @@ class Schedule:
         if g.phase not in self._phase_began:
             self._phase_began[g.phase] = time.perf_counter()
             stage, title = PHASES[g.phase]
-            n = sum(1 for c in self.pending.values() if c.phase == g.phase)
+            self._phase_planned[g.phase] = {
+                c.key for c in self.pending.values() if c.phase == g.phase
+            }
+            n = len(self._phase_planned[g.phase])
             self.emit(
                 "phase",
-                f"phase {g.phase}/{max(PHASES)} {stage}: {title}: {n} cell(s)",
+                f"phase {g.phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) planned",
                 phase=g.phase,
                 stage=stage,
                 cells=n,

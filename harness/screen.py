@@ -41,10 +41,9 @@ import yaml
 from harness import models
 from harness.cells import SCREEN_SIGNALS, Screen
 from harness.config import Experiment, ScreenConfig
-from harness.dataset import encode, load_tokenizer
+from harness.encoding import collate, encode, load_tokenizer
 from harness.errors import UserError
 from harness.store import Store, read_jsonl
-from harness.train import collate
 
 SAMPLE_SEED = 0
 SIGNALS = SCREEN_SIGNALS

@@ -20,6 +20,7 @@ data count are shown as the naive predictors to beat.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -293,37 +294,23 @@ def cost(tbl: pd.DataFrame, store: Store) -> dict[str, Any]:
 # --- outputs -------------------------------------------------------------------------------------
 
 
-def write(out: Path, exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict | None:
+def write(
+    out: Path, exp: Experiment, store: Store, board: pd.DataFrame | None,
+    posts: Callable[[], dict],
+) -> dict | None:  # fmt: skip
     """screen.csv and screen_vs_gain.png into `out`; returns the validation for analysis.json
-    (None where no screen cell is complete)."""
+    (None where no screen cell is complete). `posts`: the distilled students' item scores
+    (`analyze.item_posts`), read only where there is a screen to validate."""
     tbl = table(exp, store, board)
     if tbl.empty:
         return None
     atomic_write_text(out / "screen.csv", tbl.to_csv(index=False))
     result = {"rows": len(tbl), "cost": cost(tbl, store)}
     signal = screened(exp).screen.signal
-    result["validation"] = validate(tbl, exp.analysis, signal, _posts(exp, store, board))
+    result["validation"] = validate(tbl, exp.analysis, signal, posts())
     if result["validation"]:
         result["plot"] = plot(tbl, out / "screen_vs_gain.png", result["validation"]["signal"]).name
     return result
-
-
-def _posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dict:
-    """(task, student, teacher, regime, trace draw) -> test item -> correct, the mean over
-    training seeds, from the distilled rows' eval cells (read as the leaderboard reads them)."""
-    from harness import analyze
-
-    if board is None or board.empty:
-        return {}
-    reader, out = analyze._Reader(store, exp.data_dir), {}
-    dist = board[board["row_type"] == "distilled"]
-    for row, g in dist.groupby(ROW, sort=False):
-        evals = [reader.eval(k) for k in g["eval_key"]]
-        evals = [e.correct for e in evals if e is not None]
-        if evals:
-            items = set.intersection(*(set(e) for e in evals))
-            out[row] = {i: float(np.mean([e[i] for e in evals])) for i in items}
-    return out
 
 
 def plot(tbl: pd.DataFrame, path: Path, signal: str) -> Path:

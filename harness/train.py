@@ -46,7 +46,7 @@ from harness import devices, models
 from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
 from harness.costs import CHUNK_BYTES, checkpointing
-from harness.dataset import encode, load_tokenizer
+from harness.encoding import collate, encode, load_tokenizer
 from harness.errors import Interrupted, UserError, stop_on_signals
 from harness.store import (
     JsonlWriter,
@@ -466,19 +466,6 @@ def micro_batches(
                 yield b
             pos += 1
         epoch += 1
-
-
-def collate(data: Sequence[tuple[list[int], int]], indices: Sequence[int], pad_id: int) -> dict:
-    """Right-padded input_ids and attention_mask; labels are -100 on prompt and padding."""
-    width = max(len(data[i][0]) for i in indices)
-    ids = torch.full((len(indices), width), pad_id, dtype=torch.long)
-    mask, labels = torch.zeros_like(ids), torch.full_like(ids, -100)
-    for row, i in enumerate(indices):
-        seq, n_prompt = data[i]
-        ids[row, : len(seq)] = torch.tensor(seq)
-        mask[row, : len(seq)] = 1
-        labels[row, n_prompt : len(seq)] = torch.tensor(seq[n_prompt:])
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
 def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, Any, Any]:

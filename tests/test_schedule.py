@@ -179,7 +179,7 @@ def test_on_a_terminal_one_bar_per_phase_counts_its_cells_as_they_complete(setup
         for p, (stage, title) in schedule.PHASES.items()
         if p in (1, 2, 3, 5, 6)
     }
-    assert not any("cells done]" in line or line.endswith("cell(s)") for line in said)
+    assert not any("cells done]" in line or line.endswith("cell(s) planned") for line in said)
     assert sum("done in" in line for line in said) == 5  # one per phase
     kinds = [e["event"] for e in schedule.read_events(store)]
     assert kinds.count("phase") == 5 and kinds.count("group") == Watched.groups

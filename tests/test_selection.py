@@ -87,6 +87,10 @@ def test_a_gated_task_runs_no_traces_training_or_evaluation(tmp_path):
     assert decided == {"sandbox_coin_flip": True, "sandbox_addition": False}
     phases = [e["phase"] for e in events if e["event"] == "phase_done"]
     assert phases[0] == 0 and phases == sorted(phases)
+    # every planned cell of a phase is either done or skipped by its end line
+    planned = {e["phase"]: e["cells"] for e in events if e["event"] == "phase"}
+    ended = {e["phase"]: (e["cells"], e["skipped"]) for e in events if e["event"] == "phase_done"}
+    assert all(done + skipped == planned[p] for p, (done, skipped) in ended.items())
 
 
 def test_without_select_cells_computed_nothing_of_the_task_runs(tmp_path):
