@@ -51,6 +51,11 @@ def _budget(exp: Experiment) -> list[str]:
                 f"train.budget: align {list(train.budget.align)} aligns none of train.regimes "
                 f"{list(train.regimes)}: no adapter would train under it"
             )
+    if "batch" in train.budget.align and "mix" not in train.regimes:
+        out.append(
+            "train.budget.align: batch trains the mix at the training's own batch, but "
+            f"train.regimes {list(train.regimes)} has no mix; add mix or remove batch"
+        )
     return out
 
 
