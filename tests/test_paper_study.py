@@ -42,8 +42,12 @@ def twin(results: Path) -> dict:
         "tasks": [{"name": t, "train_limit": 32, "test_limit": 24} for t in TASKS],
         # the sandbox tasks have no few-shot file; the test teachers are tiny: 10 points, not 30
         # the gated task stays gated here (run_gated: tests/test_studies_grid.py runs one)
-        "select": {**study["select"], "prompt_style": "zero_shot_cot", "min_points": 10,
-                   "run_gated": 0},  # fmt: skip
+        "select": {
+            **study["select"],
+            "prompt_style": "zero_shot_cot",
+            "min_points": 10,
+            "run_gated": 0,
+        },
         "generate": {"n": 2, "temperature": 0.8, "max_tokens": 160, "seed": 0},
         "train": {
             "lr": 5e-3,
