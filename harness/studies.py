@@ -18,11 +18,13 @@ that says "inconclusive" where the data cannot tell.
     mix_parts            the mix adapter against each of its component teachers, per alignment
     selection_effect     gains on tasks pre-selection passed against gated tasks run anyway
 
-Students of a task share its teachers' traces, so every regression here clusters by task
-(cluster-robust standard errors, statsmodels, CR1) and reads its interval on Student's t with
-(tasks - 1) degrees of freedom: an effect a teacher has on every student of a task, or on every
-pair it is in, is never counted as independent evidence. With fewer than two tasks nothing is
-estimated ("too few tasks"). Every study returns {"title", "about", "readings", "tables"}: the
+Students of a task share its teachers' traces, so every regression here takes the task as the
+unit of its error: a logistic or quadratic fit with cluster-robust standard errors by task
+(statsmodels, CR1), a linear fit whose fixed effects nest in tasks with a delete-one-task
+jackknife (better calibrated over a dozen tasks), each read on Student's t with (tasks - 1)
+degrees of freedom: an effect a teacher has on every student of a task, or on every pair it is
+in, is never counted as independent evidence. With fewer than two tasks nothing is estimated
+("too few"). Every study returns {"title", "about", "readings", "tables"}: the
 report and the viewer print these, analysis.json keeps them with the numbers.
 """
 
@@ -149,6 +151,37 @@ def cluster_fit(
     return [
         inference.Estimate(float(b), float(b - q * s), float(b + q * s), level, float(s), df)
         for b, s in zip(coef, se, strict=True)
+    ]
+
+
+def jackknife_fit(
+    y: np.ndarray, x: np.ndarray, tasks: Sequence[Any], level: float
+) -> list[inference.Estimate] | None:
+    """OLS coefficients of y on the columns of x over every task pooled, with a delete-one-task
+    jackknife standard error (CR3's approximation: the small-sample fix of cluster-robust
+    errors) and a t interval on (tasks - 1) degrees of freedom. For designs whose fixed effects
+    nest in tasks (absorbed before the call); CR1 over a dozen tasks claimed effects in 7% of
+    null grids at alpha 0.05 (benchmarks/README.md). None with fewer than two tasks, or a
+    design that leaving out one task makes singular."""
+    tasks = np.asarray(list(tasks), dtype=object)
+    names = pd.unique(tasks)
+    k = x.shape[1]
+    if len(names) < 2 or np.linalg.matrix_rank(x) < k:
+        return None
+    full = np.linalg.lstsq(x, y, rcond=None)[0]
+    drops = []
+    for t in names:
+        keep = tasks != t
+        if np.linalg.matrix_rank(x[keep]) < k:
+            return None
+        drops.append(np.linalg.lstsq(x[keep], y[keep], rcond=None)[0])
+    d = np.array(drops)
+    g = len(d)
+    se = np.sqrt((g - 1) / g * ((d - d.mean(axis=0)) ** 2).sum(axis=0))
+    q = float(stats.t.ppf(0.5 + level / 2, g - 1))
+    return [
+        inference.Estimate(float(b), float(b - q * e), float(b + q * e), level, float(e), g - 1)
+        for b, e in zip(full, se, strict=True)
     ]
 
 
@@ -336,7 +369,7 @@ def size_and_accuracy(
     names = [c for c in ("log_n", "acc10") if spread[c]]
     r = float(np.corrcoef(w["log_n"], w["acc10"])[0, 1]) if len(names) == 2 else NAN
     fit = (
-        cluster_fit(w["y"].to_numpy(), w[names].to_numpy(), df["task"], 1 - alpha)
+        jackknife_fit(w["y"].to_numpy(), w[names].to_numpy(), df["task"], 1 - alpha)
         if names
         else None
     )
@@ -360,11 +393,16 @@ def quantity_quality(
             word = direction(e, "more gain", "less gain")
             rows.append([regime, f"{name} ({unit})", *_interval(e, 1), word])
         collinear = not math.isnan(r) and abs(r) > 0.9
+        words = {k: direction(coefs[k], "more gain", "less gain") for k in coefs}
+        same_size = coefs["examples"] is None and coefs["accuracy"] is not None
         readings.append(
-            f"{regime}: gain {_ci(coefs['examples'], 1)} pts per doubling of the training set, "
-            f"{_ci(coefs['accuracy'], 1)} pts per 10 pts of teacher accuracy"
+            f"{regime}: gain {_ci(coefs['examples'], 1)} pts per doubling of the training set "
+            f"({words['examples']}), {_ci(coefs['accuracy'], 1)} pts per 10 pts of teacher "
+            f"accuracy ({words['accuracy']})"
             + (f"; the two move together within groups (r = {r:+.2f}): one relation, which "
                "the data cannot split into quantity and quality" if collinear else "")
+            + ("; every teacher's set has the same size here, so the accuracy term is quality "
+               "alone" if same_size else "")
         )  # fmt: skip
     matched = matched_contrasts(arms, alpha, effect)
     mrows = [[m["task"], m["student"], m["teacher"], *_interval(m["estimate"]), m["verdict"]]
@@ -514,34 +552,43 @@ def interaction_contrast(
 # --- 4. the capacity gap proper ------------------------------------------------------------------
 
 
-def size_interaction(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
-    """gain ~ teacher accuracy x log10(student size), with each (task, student) and each
+PROPS = {  # teacher property of the interaction: (its scale, the unit its coefficient is per)
+    "teacher_acc": (lambda x: 10 * x, "10 pts of teacher accuracy"),
+    "teacher_size": (np.log10, "tenfold teacher size"),
+}
+
+
+def size_interaction(
+    frame: pd.DataFrame, alpha: float, prop: str = "teacher_acc"
+) -> dict[str, Any]:
+    """gain ~ teacher property x log10(student size), with each (task, student) and each
     (task, teacher) its own effect (absorbed: a teacher's effect on every student of a task is
-    not evidence), clustered by task. The coefficient: points of gain per 10 points of teacher
-    accuracy, per tenfold student size; positive means strong teachers pay off more for larger
-    students (the capacity gap)."""
-    df = frame.dropna(subset=["gain", "teacher_acc", "student_size"])
-    df = df[df["student_size"] > 0]
+    not evidence), clustered by task. The coefficient: points of gain per unit of the property
+    (PROPS), per tenfold student size; positive means strong teachers pay off more for larger
+    students (the capacity gap). `smallest_p`: the least p an exact test that permutes the
+    students' sizes could reach (2 / S!): above alpha, a difference between these students
+    cannot be tied to their size without the linear model."""
+    df = frame.dropna(subset=["gain", prop, "student_size"])
+    df = df[(df["student_size"] > 0) & (df[prop] > 0)]
     n_students = int(df["student_size"].nunique())
+    out = {"estimate": None, "n_students": n_students, "n_tasks": int(df["task"].nunique()),
+           "smallest_p": min(1.0, 2 / math.factorial(max(n_students, 1))), "prop": prop}  # fmt: skip
     if n_students < 2 or df["teacher"].nunique() < 2:
-        return {"estimate": None, "n_students": n_students, "n_tasks": int(df["task"].nunique())}
-    z = 10 * df["teacher_acc"] * np.log10(df["student_size"])
-    y = 100 * df["gain"]
-    work = df.assign(z=z.to_numpy(), y=y.to_numpy())
+        return out
+    z = PROPS[prop][0](df[prop]) * np.log10(df["student_size"])
+    work = df.assign(z=z.to_numpy(), y=(100 * df["gain"]).to_numpy())
     # two-way within transform, iterated to convergence (exact in one pass when balanced)
-    cols = ["y", "z"]
-    w = work[cols].copy()
+    w = work[["y", "z"]].copy()
     for _ in range(50):
         before = w.copy()
         w = w - w.groupby([work["task"], work["student"]]).transform("mean")
         w = w - w.groupby([work["task"], work["teacher"]]).transform("mean")
         if float((w - before).abs().to_numpy().max()) < 1e-10:
             break
-    fit = None
     if float(w["z"].abs().max()) > 1e-9:
-        fit = cluster_fit(w["y"].to_numpy(), w[["z"]].to_numpy(), work["task"], 1 - alpha)
-    return {"estimate": None if fit is None else fit[0], "n_students": n_students,
-            "n_tasks": int(df["task"].nunique())}  # fmt: skip
+        fit = jackknife_fit(w["y"].to_numpy(), w[["z"]].to_numpy(), work["task"], 1 - alpha)
+        out["estimate"] = None if fit is None else fit[0]
+    return out
 
 
 def inverted_u(frame: pd.DataFrame, alpha: float, min_side: int = 2) -> dict[str, Any]:
@@ -590,35 +637,32 @@ def inverted_u(frame: pd.DataFrame, alpha: float, min_side: int = 2) -> dict[str
 
 
 def capacity_gap(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
-    """The student-size x teacher-accuracy interaction and the inverted-U test, per regime."""
+    """The student-size x teacher-accuracy (and x teacher-size) interaction and the inverted-U
+    test, per regime."""
     rows, readings, per = [], [], []
     for regime in teacher_regimes(frame):
         mine = frame[frame["regime"] == regime]
-        inter, hump = size_interaction(mine, alpha), inverted_u(mine, alpha)
-        per.append({"regime": regime, "interaction": inter, "inverted_u": hump})
-        word = direction(inter["estimate"], "strong teachers pay off more for larger students",
-                         "strong teachers pay off more for smaller students")  # fmt: skip
-        rows.append([regime, "teacher acc × student size", *_interval(inter["estimate"], 1),
-                     inter["n_students"], inter["n_tasks"], word])  # fmt: skip
+        inters = [size_interaction(mine, alpha, p) for p in PROPS]
+        hump = inverted_u(mine, alpha)
+        per.append({"regime": regime, "interactions": inters, "inverted_u": hump})
+        for inter in inters:
+            word, reading = _interaction_words(inter, alpha)
+            rows.append([regime, f"{inter['prop']} × student size",
+                         *_interval(inter["estimate"], 1), inter["n_students"], inter["n_tasks"],
+                         word])  # fmt: skip
+            readings.append(f"{regime}: {reading}")
         rows.append([regime, "inverted U (two lines)", _fmt(hump["peak"] * 10),
                      _ci(hump["rising"], 1), _ci(hump["falling"], 1), "", "",
                      f"{hump['status']}: {hump['why']}"])  # fmt: skip
-        guard = (
-            f" ({TOO_FEW}: {inter['n_students']} student size(s), {inter['n_tasks']} task(s))"
-            if inter["estimate"] is None
-            else ""
-        )
         readings.append(
-            f"{regime}: interaction {_ci(inter['estimate'], 1)} pts of gain per 10 pts of "
-            f"teacher accuracy per tenfold student size: {word}{guard}; inverted U: "
-            f"{hump['status']} ({hump['why']})"
+            f"{regime}: inverted U of gain in teacher accuracy: {hump['status']} ({hump['why']})"
         )
     columns = ["regime", "test", "estimate / peak (pts)", "low / rising", "high / falling"]
     columns += ["students", "tasks", "reading"]
     return _study(
         "The capacity gap proper",
         "Does the payoff of a stronger teacher depend on the student's size? gain ~ teacher "
-        "accuracy × log10 student size, with every (task, student) and every (task, teacher) "
+        "accuracy (and, separately, log10 teacher size) × log10 student size, with every (task, student) and every (task, teacher) "
         "its own effect, clustered by task, so a teacher's effect shared by the students of a "
         "task is not evidence. And is gain an inverted U in teacher accuracy? Two-lines test: "
         "the quadratic fit's peak splits the teachers; gain must rise before it and fall after "
@@ -628,6 +672,26 @@ def capacity_gap(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
         [_table("Capacity gap: interaction and inverted U", columns, rows)],
         per_regime=per,
     )
+
+
+def _interaction_words(inter: dict[str, Any], alpha: float) -> tuple[str, str]:
+    """The interaction's word and its reading, with the guards."""
+    unit = PROPS[inter["prop"]][1]
+    word = direction(inter["estimate"], "strong teachers pay off more for larger students",
+                     "strong teachers pay off more for smaller students")  # fmt: skip
+    text = (
+        f"gain ~ {inter['prop']} × student size {_ci(inter['estimate'], 1)} pts per {unit} per "
+        f"tenfold student size: {word}"
+    )
+    if inter["estimate"] is None:
+        text += f" ({inter['n_students']} student size(s), {inter['n_tasks']} task(s))"
+    elif inter["smallest_p"] > alpha:
+        text += (
+            f" (with {inter['n_students']} students an exact test across students reaches at "
+            f"best p = {inter['smallest_p']:.2f}: a difference between these students, tied to "
+            "their size only by the linear model)"
+        )
+    return word, text
 
 
 # --- 5. ΔLarge, ΔLong, family averages -----------------------------------------------------------
@@ -828,7 +892,9 @@ def selection_effect(
         rows.append([regime, len(a), len(b), _fmt(a.mean(), True), _fmt(b.mean(), True),
                      *_interval(est, 1), word])  # fmt: skip
     readings = [
-        f"{f['regime']}: selected − gated mean gain {_ci(f['estimate'], 1)} pts: {f['reading']}"
+        f"{f['regime']}: selected − gated mean gain {_ci(f['estimate'], 1)} pts over "
+        f"{len(f['selected'])} selected and {len(f['gated'])} gated task(s): {f['reading']}"
+        + (" (a side with one task has no spread to measure)" if f["estimate"] is None else "")
         for f in found
     ] or ["no gated task was run (select.run_gated: 0): the selection's effect is not measured"]
     columns = ["regime", "selected tasks", "gated tasks run", "mean gain selected"]

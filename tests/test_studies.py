@@ -109,6 +109,10 @@ def test_size_interaction_needs_two_student_sizes():
     one = frame[frame["student_size"] == 1e9]
     got = st.size_interaction(one, 0.05)
     assert got["estimate"] is None and got["n_students"] == 1
+    three = st.size_interaction(frame, 0.05, "teacher_size")
+    assert three["estimate"] is not None and three["smallest_p"] == pytest.approx(1 / 3)
+    _, reading = st._interaction_words(three, 0.05)
+    assert "reaches at best p = 0.33" in reading
 
 
 def test_quantity_and_quality_are_one_relation_when_they_move_together():
