@@ -390,8 +390,8 @@ def _delta_large(r: dict[str, Any]) -> str:
     return "\n\n".join(
         [
             "## ΔLarge vs the baseline",
-            "ΔLarge = post(largest teacher) − post(smallest teacher), the comparison earlier work "
-            "reported without baselines; here with the pairwise interval and verdict, next to each "
+            "ΔLarge = post(large teacher) − post(small teacher) (analysis.delta_large's pair, else "
+            "the largest and the smallest), the comparison earlier work reported without baselines; here with the pairwise interval and verdict, next to each "
             f"teacher's gain over the student's own baseline. Large and small by {' / '.join(sorted(by))}.",
             md_table(header, rows),
         ]

@@ -53,18 +53,17 @@ def run(exp: Any, board: pd.DataFrame, result: dict[str, Any], arms: Arms) -> di
     """Every study of the analysis, from the leaderboard, analyse()'s groups and each group's
     arms ({(task, student, regime): (baseline 0/1 vector, {teacher: its draws})})."""
     a = exp.analysis
-    alpha = 1 - a.ci
+    alpha, effect, reps = 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
     families = {f.name: f.tasks for f in a.families}
     frame = teacher_frame(result, board, families)
     out = {
         "stronger_teacher": stronger_teacher(frame, alpha, a.gap_bins),
-        "quantity_quality": quantity_quality(frame, arms, alpha, a.effect_of_interest / 100),
+        "quantity_quality": quantity_quality(frame, arms, alpha, effect, reps),
         "regime_flips": regime_flips(result, arms, alpha),
         "capacity_gap": capacity_gap(frame, alpha),
         "delta_pairs": delta_pairs(result, a.delta_large, a.delta_long),
-        "families": family_averages(arms, families, alpha, a.effect_of_interest / 100),
-        "mix_parts": mix_parts(arms, [p.teacher for p in exp.train.mix], alpha,
-                               a.effect_of_interest / 100),
+        "families": family_averages(arms, families, alpha, effect, reps),
+        "mix_parts": mix_parts(arms, [p.teacher for p in exp.train.mix], alpha, effect, reps),
         "selection_effect": selection_effect(frame, result.get("selection") or [], alpha),
     }  # fmt: skip
     return out
@@ -236,8 +235,10 @@ def _ci(e: inference.Estimate | None, scale: float = 100) -> str:
     return f"{scale * e.estimate:+.1f} [{scale * e.low:+.1f}, {scale * e.high:+.1f}]"
 
 
-def _arm(draws: Sequence[np.ndarray]) -> inference.Arm:
-    return inference.arm(draws, min_replicates=2)
+def _arm(draws: Sequence[np.ndarray], min_replicates: int = 3) -> inference.Arm:
+    """A teacher's arm; below `min_replicates` (analysis.min_replicates) units it is exploratory
+    and its comparisons stay inconclusive, as in the group decisions."""
+    return inference.arm(draws, min_replicates=min_replicates)
 
 
 # --- 1. stronger versus weaker teacher -----------------------------------------------------------
@@ -378,7 +379,7 @@ def size_and_accuracy(
 
 
 def quantity_quality(
-    frame: pd.DataFrame, arms: Arms, alpha: float, effect: float
+    frame: pd.DataFrame, arms: Arms, alpha: float, effect: float, min_replicates: int = 3
 ) -> dict[str, Any]:
     """Per regime, how much of the gain goes with training-set size and how much with teacher
     accuracy, estimated together; and where `matched` ran, each teacher's per_teacher gain against
@@ -404,7 +405,7 @@ def quantity_quality(
             + ("; every teacher's set has the same size here, so the accuracy term is quality "
                "alone" if same_size else "")
         )  # fmt: skip
-    matched = matched_contrasts(arms, alpha, effect)
+    matched = matched_contrasts(arms, alpha, effect, min_replicates)
     mrows = [[m["task"], m["student"], m["teacher"], *_interval(m["estimate"]), m["verdict"]]
              for m in matched]  # fmt: skip
     if matched:
@@ -435,7 +436,9 @@ def quantity_quality(
     )
 
 
-def matched_contrasts(arms: Arms, alpha: float, effect: float) -> list[dict[str, Any]]:
+def matched_contrasts(
+    arms: Arms, alpha: float, effect: float, min_replicates: int = 3
+) -> list[dict[str, Any]]:
     """Each teacher's per_teacher arm minus its matched arm, per (task, student)."""
     out = []
     for (task, student, regime), (_, teachers) in arms.items():
@@ -444,7 +447,7 @@ def matched_contrasts(arms: Arms, alpha: float, effect: float) -> list[dict[str,
             continue
         shared = [t for t in teachers if t in other[1]]
         for t in shared:
-            x, y = _arm(teachers[t]), _arm(other[1][t])
+            x, y = _arm(teachers[t], min_replicates), _arm(other[1][t], min_replicates)
             est = inference.difference(x, y, 1 - alpha / len(shared))
             out.append({"task": task, "student": student, "teacher": t, "estimate": est,
                         "verdict": inference.verdict(est, effect, x.exploratory or y.exploratory)})  # fmt: skip
@@ -756,7 +759,11 @@ def pair_of(d: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
 
 
 def family_averages(
-    arms: Arms, families: Mapping[str, Sequence[str]], alpha: float, effect: float
+    arms: Arms,
+    families: Mapping[str, Sequence[str]],
+    alpha: float,
+    effect: float,
+    min_replicates: int = 3,
 ) -> dict[str, Any]:
     """Per (family of two or more tasks, student, regime, teacher): the mean over the family's
     tasks of post and of gain, the gain's interval from the tasks' (independent items and
@@ -772,7 +779,7 @@ def family_averages(
         base = float(np.mean([arms[(t, student, regime)][0].mean() for t in tasks]))
         for teacher in sorted(teachers, key=str):
             est, exploratory, post = family_gain(arms, tasks, student, regime, teacher,
-                                                 1 - alpha / len(teachers))  # fmt: skip
+                                                 1 - alpha / len(teachers), min_replicates)  # fmt: skip
             verdict = inference.verdict(est, effect, exploratory)
             found.append({"family": fam, "student": student, "regime": regime,
                           "teacher": teacher, "tasks": tasks, "base": base, "post": post,
@@ -799,14 +806,15 @@ def family_averages(
 
 
 def family_gain(
-    arms: Arms, tasks: list[str], student: str, regime: str, teacher: str, level: float
-) -> tuple[inference.Estimate, bool, float]:
+    arms: Arms, tasks: list[str], student: str, regime: str, teacher: str, level: float,
+    min_replicates: int = 3,
+) -> tuple[inference.Estimate, bool, float]:  # fmt: skip
     """The mean over tasks of a teacher's gain, with its interval at `level`."""
     k = len(tasks)
     parts, points, posts, exploratory = [], [], [], False
     for t in tasks:
         base, teachers = arms[(t, student, regime)]
-        a = _arm(teachers[teacher])
+        a = _arm(teachers[teacher], min_replicates)
         e = inference.difference(a, inference.baseline_arm(base), level)
         parts.append(((e.se / k) ** 2, e.df))
         points.append(e.estimate)
@@ -826,7 +834,9 @@ def family_gain(
 # --- 6. the mix against its parts ----------------------------------------------------------------
 
 
-def mix_parts(arms: Arms, parts: Sequence[str], alpha: float, effect: float) -> dict[str, Any]:
+def mix_parts(
+    arms: Arms, parts: Sequence[str], alpha: float, effect: float, min_replicates: int = 3
+) -> dict[str, Any]:
     """Each mix adapter (every budget alignment) against each component teacher's per_teacher
     adapter, paired on the test items, Bonferroni over the comparisons of a (task, student)."""
     rows, found = [], []
@@ -837,7 +847,7 @@ def mix_parts(arms: Arms, parts: Sequence[str], alpha: float, effect: float) -> 
         mixes = sum(1 for k in arms if k[:2] == (task, student) and k[2].startswith("mix"))
         present = [p for p in parts if p in ref[1]]
         for p in present:
-            x, y = _arm(teachers["mix"]), _arm(ref[1][p])
+            x, y = _arm(teachers["mix"], min_replicates), _arm(ref[1][p], min_replicates)
             est = inference.difference(x, y, 1 - alpha / max(1, mixes * len(present)))
             verdict = inference.verdict(est, effect, x.exploratory or y.exploratory)
             found.append({"task": task, "student": student, "regime": regime, "part": p,
