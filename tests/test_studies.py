@@ -204,3 +204,25 @@ def test_teacher_frame_reads_groups_and_board():
     frame = st.teacher_frame(result, board, {})
     assert frame.set_index("teacher")["n_examples"].to_dict() == {"A": 15.0, "B": 5.0}
     assert set(frame["family"]) == {"bbh"} and (frame["student_size"] == 1e9).all()
+
+
+def test_delta_large_takes_the_configured_pair_over_the_largest():
+    from harness.analyze import delta_large
+
+    rng = np.random.default_rng(4)
+    base, arms = inference.simulate(rng, 1, 200, 0.3, [0.3, 0.5, 0.6], 3, 0.01)
+    names = ["small", "mid", "large"]
+    d = inference.decide_group(
+        base[0], {n: list(a[0]) for n, a in zip(names, arms, strict=True)}
+    ).as_dict()
+    means = pd.DataFrame(
+        [{"teacher": t["teacher"], "post_acc": t["post_acc"], "gain": t["gain"],
+          "base_acc": d["base_acc"], "teacher_size": size, "teacher_acc": 0.5}
+         for t, size in zip(d["teachers"], (3e9, 3.2e10, 7.2e10), strict=True)]
+    )  # fmt: skip
+    assert delta_large(means, d)["large"] == "large"
+    got = delta_large(means, d, ("mid", "small"))
+    assert (got["by"], got["large"], got["small"]) == ("configured", "mid", "small")
+    assert got["delta"] == pytest.approx(st.pair_of(d, "mid", "small")["estimate"].estimate)
+    assert got["verdict"] == st.pair_of(d, "mid", "small")["verdict"]
+    assert np.isnan(delta_large(means, d, ("mid", "absent"))["delta"])
