@@ -226,3 +226,10 @@ def test_delta_large_takes_the_configured_pair_over_the_largest():
     assert got["delta"] == pytest.approx(st.pair_of(d, "mid", "small")["estimate"].estimate)
     assert got["verdict"] == st.pair_of(d, "mid", "small")["verdict"]
     assert np.isnan(delta_large(means, d, ("mid", "absent"))["delta"])
+
+
+def test_a_batch_alignment_without_a_mix_is_a_problem(tmp_path):
+    from harness import feasible
+
+    exp = _exp(tmp_path, train={"budget": {"align": ["none", "batch"]}})
+    assert any("align: batch trains the mix" in p for p in feasible.problems(exp))
