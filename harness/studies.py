@@ -301,7 +301,9 @@ def _shifted(e: inference.Estimate, by: float) -> inference.Estimate:
 
 def stronger_teacher(frame: pd.DataFrame, alpha: float, bins: Sequence[float]) -> dict[str, Any]:
     """Win rate of the stronger teacher's student against the teachers' accuracy gap, per
-    regime, overall and per task family."""
+    regime, overall and per task family. Clustered by task, not by (task, teacher pair): the
+    pairs of a task share teachers (A-B and A-C both carry A's traces, for every student), so
+    pairs are no more independent than students are."""
     pairs = teacher_pairs(frame[frame["regime"].isin(teacher_regimes(frame))])
     fits, rows, readings = [], [], []
     for regime, mine in pairs.groupby("regime", sort=False):
