@@ -99,7 +99,7 @@ NAN = math.nan
 
 def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Path:
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
-    from harness import report
+    from harness import report, studies
 
     board, missing, rescored, decisions = leaderboard(exp, store)
     result = analyse(exp, board, decisions)
@@ -109,10 +109,11 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["adapter_budgets"] = adapter_budgets(store, board)
     result["selection"] = [
         {"task": d.task, "accuracies": d.accuracies, "spread": d.spread, "passed": d.passed,
-         "reason": d.reason, "split": d.split, "min_points": d.min_points}
+         "reason": d.reason, "split": d.split, "min_points": d.min_points, "runs": d.runs}
         for d in selection.decide(exp, grids.expand(exp), store).values()
     ]  # fmt: skip
     result["eval_config"] = canonical(exp.evaluate)
+    result["studies"] = studies.run(exp, board, result, group_arms(exp, store, board))
     answers_df = answers_table(exp, result["groups"])
     out = store.root / "analysis"
     # what a killed analysis left (the results-directory lock says no other one is running)
@@ -316,7 +317,7 @@ def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: p
     """Keys of cells the run skips on purpose, which are not "not computed yet": the adapters and
     evals of screened-out rows (top_k) and every cell of a task pre-selection gated."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
-    gated = {t for t, d in selection.decide(exp, grid, store).items() if d.passed is False}
+    gated = {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
     }
@@ -370,6 +371,15 @@ def _group_arms(
                 teachers[teacher] = reps
         if teachers:  # the baseline's vector in the item order `paired` gives every post
             yield key, (paired(base, base)[0], teachers)
+
+
+def group_arms(exp: Experiment, store: Store, board: pd.DataFrame) -> dict[tuple, tuple]:
+    """Each group's baseline vector and, per teacher, its draws (what the studies contrast)."""
+    reader = _Reader(store, exp.data_dir)
+    return {
+        key: (base, {t: draws_of(reps) for t, reps in teachers.items()})
+        for key, (base, teachers) in _group_arms(reader, board)
+    }
 
 
 def _int(x: Any) -> int | None:
@@ -648,7 +658,7 @@ def _group(
         "answer": decision["answer"] if decision else None,
         "correlations": exact_correlations(g),
         "degraded": _degraded(rows, decision),
-        "delta_large": delta_large(g, decision),
+        "delta_large": delta_large(g, decision, a.delta_large),
     }
 
 
@@ -745,19 +755,28 @@ def _merge_degraded(parts: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def delta_large(means: pd.DataFrame, decision: dict | None = None) -> dict[str, Any]:
-    """Li et al.'s ΔLarge = post(largest teacher) - post(smallest), with the rule's verdict on it.
+def delta_large(
+    means: pd.DataFrame, decision: dict | None = None, pair: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """Li et al.'s ΔLarge = post(large teacher) - post(small), with the rule's verdict on it.
 
-    Largest by size; by teacher accuracy when a size is missing or all sizes are equal. The
+    The pair is analysis.delta_large where set (Li et al.: 72B against 3B), else the largest and
+    smallest by size (by teacher accuracy when a size is missing or all sizes are equal). The
     verdict is the group's pairwise one (large against small: better, worse, equivalent or
     inconclusive), never the sign of the point estimate."""
     have = means.dropna(subset=["post_acc"])
     sizes = have["teacher_size"]
     by = "teacher_size" if sizes.notna().all() and sizes.nunique() > 1 else "teacher_acc"
-    have = have.dropna(subset=[by])
-    if len(have) < 2 or have[by].nunique() < 2:
-        return {"by": by, "delta": NAN, "verdict": None}
-    large, small = have.loc[have[by].idxmax()], have.loc[have[by].idxmin()]
+    if pair is not None:
+        by, have = "configured", have.set_index("teacher", drop=False)
+        if not set(pair) <= set(have.index):
+            return {"by": by, "delta": NAN, "verdict": None}
+        large, small = have.loc[pair[0]], have.loc[pair[1]]
+    else:
+        have = have.dropna(subset=[by])
+        if len(have) < 2 or have[by].nunique() < 2:
+            return {"by": by, "delta": NAN, "verdict": None}
+        large, small = have.loc[have[by].idxmax()], have.loc[have[by].idxmin()]
     out = {
         "by": by,
         "large": large["teacher"],
@@ -999,6 +1018,8 @@ def jsonable(x: Any) -> Any:
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [jsonable(v) for v in x]
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return jsonable(dataclasses.asdict(x))
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     if isinstance(x, np.integer):

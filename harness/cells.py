@@ -340,12 +340,13 @@ class Adapter(_Distilling):
         """`align` other than none: trains as many updates as match `reference` (a per_teacher
         dataset, `upstream[1]`) in updates, tokens or examples; the train stage computes them
         from both datasets before training. The reference's own adapter is left unaligned."""
-        settings = _shared(
-            exp, ("train", dataset.regime == "mix"), lambda: _train_identity(exp, dataset)
-        )
+        own_batch = dataset.regime == "mix" and align != "batch"
+        settings = _shared(exp, ("train", own_batch), lambda: _train_identity(exp, own_batch))
         config = {"student": ident, "train": settings, "seed": seed}
         up: tuple[str, ...] = (dataset.key,)
-        if align != "none" and reference is not None and reference.key != dataset.key:
+        if align == "batch":  # the training's own batch and budget, not train.mix_batch
+            config["budget"] = {"align": align}
+        elif align != "none" and reference is not None and reference.key != dataset.key:
             config["budget"] = {"align": align}
             up = (dataset.key, reference.key)
         key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
@@ -353,9 +354,9 @@ class Adapter(_Distilling):
         return cls(key, config, up, d.model, d.task, d.teacher, regime, d.trace_seed, seed)
 
 
-def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
+def _train_identity(exp: Experiment, own_batch: bool) -> dict[str, Any]:
     """What of the training config an adapter's key holds (the same for every adapter of a grid,
-    but for the mix's own batch)."""
+    but for the mix's own batch, `own_batch`)."""
     tr = exp.train
     settings = canonical(tr.model_copy(update={"seeds": (), "regimes": ()}))
     # how trace draws and training seeds combine is the grid's choice: the adapter's draw is in
@@ -374,7 +375,7 @@ def _train_identity(exp: Experiment, dataset: Dataset) -> dict[str, Any]:
     settings.pop("filter_drop")
     if not settings["merge"]:
         settings.pop("merge")  # added after keys were published: left out at its old value
-    if dataset.regime == "mix" and tr.mix_batch:
+    if own_batch and tr.mix_batch:
         settings.update(canonical(tr.mix_batch))
     return settings
 

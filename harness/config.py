@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 import json
 import os
 import types
@@ -196,7 +197,7 @@ class LoraConfig(Strict):
 
 
 Regime = Literal["per_teacher", "intersection", "matched", "mix"]
-Align = Literal["none", "updates", "tokens", "examples"]
+Align = Literal["none", "updates", "tokens", "examples", "batch"]
 
 
 class MixPart(Strict):
@@ -219,7 +220,9 @@ class Budget(Strict):
     (max_steps or epochs over its own set, at its own batch). `updates`, `tokens`, `examples`:
     each adapter trains for as many optimizer updates as it takes to match the reference adapter
     (the per_teacher set of `reference`, same student, task and seed, at the training's batch)
-    in updates, in tokens seen, or in examples seen. Several names give one adapter per name."""
+    in updates, in tokens seen, or in examples seen. `batch`: the mix trains at the training's
+    own batch (not train.mix_batch), its budget as configured, next to the single-teacher runs.
+    Several names give one adapter per name."""
 
     align: tuple[Align, ...] = ("none",)
     reference: str | None = Field(
@@ -239,7 +242,9 @@ class Budget(Strict):
     @model_validator(mode="after")
     def _distinct(self) -> Budget:
         if not self.align or len(set(self.align)) != len(self.align):
-            raise ValueError("align: give each of none, updates, tokens, examples at most once")
+            raise ValueError(
+                "align: give each of none, updates, tokens, examples, batch at most once"
+            )
         return self
 
 
@@ -350,6 +355,13 @@ class EvalConfig(SamplingConfig):
         return data
 
 
+class Family(Strict):
+    """A task family the studies average over: its name and its tasks' name patterns (fnmatch)."""
+
+    name: str
+    tasks: tuple[str, ...] = Field(min_length=1, description="task-name patterns, e.g. bbh_*")
+
+
 class AnalysisConfig(Strict):
     bootstrap_samples: int = Field(2000, ge=100)
     ci: float = Field(0.95, gt=0, lt=1)
@@ -382,6 +394,34 @@ class AnalysisConfig(Strict):
         "every comparison of the grid, intervals at the false-coverage-rate level (expected share "
         "of false better/worse at most 1 - ci; more power in grids with many true effects)",
     )
+    delta_large: tuple[str, str] | None = Field(
+        None,
+        description="ΔLarge's teachers, [large, small] (Li et al. 2025 compare the 72B teacher "
+        "with the 3B one); unset: the largest against the smallest",
+    )
+    delta_long: tuple[str, str] | None = Field(
+        None,
+        description="ΔLong's teachers, [long-CoT, short-CoT] of one size (Li et al. 2025: QwQ-32B "
+        "against Qwen2.5-32B-Instruct); unset: not computed",
+    )
+    families: tuple[Family, ...] = Field(
+        (),
+        description="task families averaged in the studies (e.g. BBH); a task in none belongs to "
+        "the family named by its name up to the first underscore",
+    )
+    gap_bins: tuple[float, ...] = Field(
+        (0, 10, 20, 40, 100),
+        min_length=2,
+        description="edges of the teacher-accuracy-gap bins (points) of the stronger-teacher "
+        "win rate, increasing",
+    )
+
+    @field_validator("gap_bins")
+    @classmethod
+    def _increasing(cls, edges: tuple[float, ...]) -> tuple[float, ...]:
+        if any(b <= a for a, b in itertools.pairwise(edges)):
+            raise ValueError(f"gap_bins must increase: {list(edges)}")
+        return edges
 
 
 class SelectConfig(Strict):
@@ -397,6 +437,13 @@ class SelectConfig(Strict):
     min_points: float = Field(30.0, ge=0, le=100)
     split: Literal["train", "test"] = "train"
     limit: int | None = Field(None, gt=0, description="items per task (default: the split's limit)")
+    run_gated: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of gated tasks run anyway (each picked by a hash of its name), so "
+        "the report can set their gains against the selected tasks'",
+    )
 
 
 class ScreenConfig(Strict):
@@ -523,6 +570,13 @@ class Experiment(Strict):
         if wrong:
             raise ValueError(
                 f"train.mix / train.budget.reference: not a teacher: {wrong}; teachers: {teachers}"
+            )
+        pairs = [*(self.analysis.delta_large or ()), *(self.analysis.delta_long or ())]
+        wrong = sorted({n for n in pairs if n not in teachers})
+        if wrong:
+            raise ValueError(
+                f"analysis.delta_large / analysis.delta_long: not a teacher: {wrong}; "
+                f"teachers: {teachers}"
             )
         return self
 

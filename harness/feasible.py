@@ -6,7 +6,8 @@
 Each check returns `key path: problem; what to do` lines, all at once. The rules:
 
 - `train.budget.regimes` names only regimes of `train.regimes` (otherwise its alignments train
-  nothing), and every alignment other than `none` aligns at least one of them.
+  nothing), every alignment other than `none` aligns at least one of them, and `batch` (the mix
+  at the training's own batch) has a mix to align.
 - `train.mix`: each teacher once, and no weight so small that its teacher cannot give one example:
   teacher i gives at most floor(N x w_i / w_max) examples, N = train items x `generate.n`.
 - `train.filter_drop`: what can remain, floor(N x (1 - filter_drop)), fills one optimizer batch
@@ -51,6 +52,11 @@ def _budget(exp: Experiment) -> list[str]:
                 f"train.budget: align {list(train.budget.align)} aligns none of train.regimes "
                 f"{list(train.regimes)}: no adapter would train under it"
             )
+    if "batch" in train.budget.align and "mix" not in train.regimes:
+        out.append(
+            "train.budget.align: batch trains the mix at the training's own batch, but "
+            f"train.regimes {list(train.regimes)} has no mix; add mix or remove batch"
+        )
     return out
 
 

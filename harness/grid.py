@@ -252,7 +252,7 @@ def _reference(
     """The per_teacher set budgets align to (train.budget.reference, default the first teacher)
     of one trace draw, a cell of the grid even where per_teacher is not one of its regimes; None
     when nothing aligns."""
-    if exp.train.budget.align == ("none",):
+    if set(exp.train.budget.align) <= {"none", "batch"}:  # neither aligns to a reference
         return None
     teacher = exp.train.budget.reference or exp.teachers[0].name
     d = Dataset.of(exp, ident, student, teacher, task, "per_teacher", traces)

@@ -54,7 +54,7 @@ def run(
 def _decider(exp: Experiment, g: grids.Grid, store: Store) -> Any:
     def decide(task: str) -> tuple[bool | None, str]:
         d = selection.decide(exp, g, store)[task]
-        return d.passed, d.reason
+        return d.runs, d.reason
 
     return decide
 
@@ -141,7 +141,7 @@ def train_steps(exp: Experiment, cell: Cell, sizes: dict[str, dict[str, int]]) -
         return tr.max_steps or math.ceil((tr.epochs or 0) * limit * exp.generate.n / batch)
 
     align = cell.align  # type: ignore[attr-defined]
-    if align == "none":
+    if align in ("none", "batch"):
         return at(_batch(own))
     if align == "updates":
         return at(_batch(tr))
@@ -240,7 +240,7 @@ def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[
         )
         state = {None: "undecided", True: "goes on", False: "[yellow]gated[/]"}[d.passed]
         lines.append(f"  {task}: {state} ({accs}): {d.reason}")
-        if d.passed is False:
+        if d.runs is False:
             gate = set(selection.gates(grid)[task])
             saved += [c for c in todo if c.task == task and c.key not in gate]
     if saved:

@@ -61,7 +61,10 @@ def row_regime(regime: str, align: str) -> str:
 
 
 def aligned(train: Any, regime: str, align: str) -> bool:
-    """Whether a regime has adapters under a budget alignment (`none`: every regime)."""
+    """Whether a regime has adapters under a budget alignment (`none`: every regime; `batch`,
+    the mix at the training's own batch: the mix only)."""
+    if align == "batch":
+        return regime == "mix"
     chosen = train.budget.regimes
     return align == "none" or chosen is None or regime in chosen
 

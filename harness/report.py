@@ -48,6 +48,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _delta_large(result),
         _regimes(result),
         _budgets(result),
+        _studies(result),
         _spread(result),
         screening.section(result.get("screening")),
         _leaderboard(board),
@@ -405,8 +406,8 @@ def _delta_large(r: dict[str, Any]) -> str:
     return "\n\n".join(
         [
             "## ΔLarge vs the baseline",
-            "ΔLarge = post(largest teacher) − post(smallest teacher), the comparison earlier work "
-            "reported without baselines; here with the pairwise interval and verdict, next to each "
+            "ΔLarge = post(large teacher) − post(small teacher) (analysis.delta_large's pair, else "
+            "the largest and the smallest), the comparison earlier work reported without baselines; here with the pairwise interval and verdict, next to each "
             f"teacher's gain over the student's own baseline. Large and small by {' / '.join(sorted(by))}.",
             md_table(header, rows),
         ]
@@ -414,9 +415,29 @@ def _delta_large(r: dict[str, Any]) -> str:
 
 
 _BY = {
+    "configured": "analysis.delta_large",
     "teacher_size": "parameter count",
     "teacher_acc": "teacher accuracy (a size is missing or sizes are equal)",
 }
+
+
+def _studies(r: dict[str, Any]) -> str:
+    """The study analyses (harness/studies.py): each one's question, readings and tables."""
+    parts = ["## Studies"] if r.get("studies") else []
+    for study in (r.get("studies") or {}).values():
+        parts.append(f"### {study['title']}\n\n{study['about']}")
+        parts.append("\n".join(f"- {x}." for x in study["readings"]))
+        for t in study["tables"]:
+            if t["rows"]:
+                rows = [[_cell(v) for v in row] for row in t["rows"]]
+                parts.append(f"{t['title']}:\n\n" + md_table(t["columns"], rows))
+    return "\n\n".join(parts)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "–" if math.isnan(v) else f"{v:.1f}"
+    return "–" if v is None else str(v)
 
 
 def _selection(r: dict[str, Any]) -> str:
@@ -427,7 +448,9 @@ def _selection(r: dict[str, Any]) -> str:
     decision = {True: "goes on", False: "gated", None: "undecided"}
     table = [
         [d["task"], ", ".join(f"{t} {pts(a)}" for t, a in d["accuracies"].items()),
-         "–" if d["spread"] is None else f"{d['spread']:.1f}", decision[d["passed"]], d["reason"]]
+         "–" if d["spread"] is None else f"{d['spread']:.1f}",
+         "gated, run anyway" if d.get("runs") and d["passed"] is False else decision[d["passed"]],
+         d["reason"]]
         for d in rows
     ]  # fmt: skip
     split = rows[0]["split"]
@@ -437,7 +460,7 @@ def _selection(r: dict[str, Any]) -> str:
         if split == "test"
         else ""
     )
-    gated = [d["task"] for d in rows if d["passed"] is False]
+    gated = [d["task"] for d in rows if d["passed"] is False and not d.get("runs")]
     return (
         "## Task pre-selection\n\nEvery teacher was evaluated on each candidate task's "
         f"{split} split before any trace; a task went on when the teacher accuracy spread "

@@ -12,6 +12,7 @@ the test items that later score the students is a leak.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import TYPE_CHECKING
 
 from harness.store import Store
@@ -30,6 +31,19 @@ class Decision:
     accuracies: dict[str, float | None]
     min_points: float
     split: str
+    run_gated: float = 0.0
+
+    @property
+    def sampled(self) -> bool:
+        """Among the gated tasks run anyway (`select.run_gated`): a hash of the task's name below
+        the share, so each task's draw is fixed and independent of the others'."""
+        digest = hashlib.sha256(f"run_gated/{self.task}".encode()).hexdigest()
+        return int(digest[:8], 16) / 2**32 < self.run_gated
+
+    @property
+    def runs(self) -> bool | None:
+        """Whether the task's cells run: it passed, or it is gated and sampled to run anyway."""
+        return None if self.passed is None else self.passed or self.sampled
 
     @property
     def spread(self) -> float | None:
@@ -48,9 +62,12 @@ class Decision:
         if self.passed is None:
             return "not decided: its select cells are not computed yet"
         verb = "reaches" if self.passed else "is below"
+        anyway = (
+            "; run anyway, in the select.run_gated sample" if self.runs and not self.passed else ""
+        )
         return (
             f"teacher spread {self.spread:.1f} pts on the {self.split} split {verb} "
-            f"select.min_points {self.min_points:g}"
+            f"select.min_points {self.min_points:g}{anyway}"
         )
 
 
@@ -62,7 +79,10 @@ def decide(exp: Experiment, grid: Grid, store: Store) -> dict[str, Decision]:
     for (task, teacher), cell in grid.candidates.items():
         manifest = store.manifest("eval", cell.key)
         acc = (manifest or {}).get("summary", {}).get("accuracy") if manifest else None
-        d = out.setdefault(task, Decision(task, {}, exp.select.min_points, exp.select.split))
+        d = out.setdefault(
+            task,
+            Decision(task, {}, exp.select.min_points, exp.select.split, exp.select.run_gated),
+        )
         d.accuracies[teacher] = acc
     return out
 

@@ -266,7 +266,7 @@ def plan_budget(exp: Experiment, store: Store, cell: Adapter) -> dict[str, Any]:
     cfg = cell.train
     lengths = _lengths(store, cell.upstream[0])
     out: dict[str, Any] = {"align": cell.align}
-    if cell.align == "none":
+    if cell.align in ("none", "batch"):  # batch: its own budget at the training's batch
         steps = updates(cfg, len(lengths))
     else:
         ref_lengths = _lengths(store, cell.upstream[1])

@@ -279,6 +279,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
     report = analysis / "report.md"
     if report.exists():
         blocks["report"] = _pack(read_utf8(report))
+    studies = _studies(analysis / "analysis.json")
 
     index = {
         "title": root.name,
@@ -287,6 +288,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         "columns": columns,
         "rows": [[_cell_value(v) for v in r] for r in rows],
         "answers": answers,
+        "studies": studies,
         "distilled": {str(k): v for k, v in distilled.items()},
         "figures": figures,
         "report": "report" if "report" in blocks else None,
@@ -302,6 +304,16 @@ def build(root: Path, data_dir: str | None = None) -> str:
     head, rest = _TEMPLATE.replace("__TITLE__", html.escape(root.name)).split("__INDEX__")
     middle, tail = rest.split("__BLOCKS__")
     return head + index_json + middle + scripts + tail
+
+
+def _studies(path: Path) -> dict[str, Any]:
+    """The study analyses of analysis.json as the page shows them: title, question, readings and
+    tables (harness/studies.py); empty for an analysis without them."""
+    if not path.exists():
+        return {}
+    studies = read_json(path, "re-run `cotgap analyze <config>`").get("studies") or {}
+    keep = ("title", "about", "readings", "tables")
+    return {name: {k: s[k] for k in keep} for name, s in studies.items()}
 
 
 def _cell_value(v: str) -> Any:
@@ -366,6 +378,7 @@ pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;margin:2px 0 8px;max-hei
 <h2>Answers</h2>
 <div class="wrap"><table id="answers"><thead></thead><tbody></tbody></table></div>
 <p class="note">One row per (task, student, regime), from answers.csv: the teacher to distill from, none, or inconclusive, with the quoted teacher's gain and its interval over test items and replicates.</p>
+<h2>Studies</h2><div id="studies"></div>
 <h2>Leaderboard</h2>
 <div class="bar" id="filters"></div>
 <div class="wrap"><table id="board"><thead></thead><tbody></tbody></table></div>
@@ -527,7 +540,23 @@ function answers() {
       ["gain","gain_low","gain_high"].includes(c) && typeof r[ix[c]] === "number"
         ? (100 * r[ix[c]]).toFixed(1) : r[ix[c]]))));
 }
-answers(); filters(); board(); figures();
+function studies() {
+  const box = document.getElementById("studies"), S = IX.studies || {};
+  if (!Object.keys(S).length) { box.append(el("p", {class: "note"}, "No studies (an older analysis).")); return; }
+  for (const s of Object.values(S)) {
+    const d = el("details", {}, el("summary", {}, s.title), el("p", {class: "note"}, s.about),
+      el("ul", {}, ...s.readings.map(r => el("li", {}, r))));
+    for (const t of s.tables) {
+      if (!t.rows.length) continue;
+      const head = el("thead", {}, el("tr", {}, ...t.columns.map(c => el("th", {}, c))));
+      const body = el("tbody", {}, ...t.rows.map(r => el("tr", {}, ...r.map(v => el("td", {},
+        typeof v === "number" && !Number.isInteger(v) ? v.toFixed(1) : v)))));
+      d.append(el("p", {}, t.title), el("div", {class: "wrap"}, el("table", {}, head, body)));
+    }
+    box.append(d);
+  }
+}
+answers(); studies(); filters(); board(); figures();
 if (typeof DecompressionStream === "undefined")
   document.getElementById("items").textContent = "This browser cannot decompress the embedded data (no DecompressionStream); open the file in a current Chrome, Firefox or Safari.";
 </script></body></html>

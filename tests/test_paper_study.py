@@ -41,7 +41,13 @@ def twin(results: Path) -> dict:
         "students": [{"name": "stu", "path": "sandbox:test-student", "size": 8.9e4}],
         "tasks": [{"name": t, "train_limit": 32, "test_limit": 24} for t in TASKS],
         # the sandbox tasks have no few-shot file; the test teachers are tiny: 10 points, not 30
-        "select": {**study["select"], "prompt_style": "zero_shot_cot", "min_points": 10},
+        # the gated task stays gated here (run_gated: tests/test_studies_grid.py runs one)
+        "select": {
+            **study["select"],
+            "prompt_style": "zero_shot_cot",
+            "min_points": 10,
+            "run_gated": 0,
+        },
         "generate": {"n": 2, "temperature": 0.8, "max_tokens": 160, "seed": 0},
         "train": {
             "lr": 5e-3,
@@ -85,7 +91,9 @@ def test_the_study_twin_gates_a_task_and_rechecks_the_mix(tmp_path):
         board = [r for r in csv.DictReader(f) if r["row_type"] == "distilled" and r["post_acc"]]
     assert {r["task"] for r in board} == {"sandbox_coin_flip"}
     # budget.regimes: [mix]: only the mix is also trained aligned
-    assert {r["regime"] for r in board} == {"per_teacher", "intersection", "mix", "mix@updates"}
+    assert {r["regime"] for r in board} == {
+        "per_teacher", "intersection", "matched", "mix", "mix@updates", "mix@batch"
+    }  # fmt: skip
     updates = {}
     for r in board:
         summary = json.loads(
@@ -98,6 +106,8 @@ def test_the_study_twin_gates_a_task_and_rechecks_the_mix(tmp_path):
     # it takes the reference's (t-small's per_teacher set at batch 2)
     assert updates["mix@updates", "mix"] == updates["per_teacher", "t-small"]
     assert updates["mix", "mix"] < updates["mix@updates", "mix"]
+    # at the single-teacher batch (2) the mix's own set takes ~10x the updates of batch 20
+    assert updates["mix@batch", "mix"] > updates["mix", "mix"]
     report = (root / "analysis" / "report.md").read_text()
     assert "## Task pre-selection" in report and "| sandbox_addition |" in report
     assert "## Training budgets" in report and "the mix as configured took" in report
