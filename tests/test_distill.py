@@ -1,0 +1,247 @@
+"""Distillation methods: the kd loss from stored top-k log-probabilities against the full teacher
+distribution, the generalized JSD against TRL's GKD loss, top-k capture at generation, the
+method axis of the grid, the tokenizer check, and kd / on_policy training runs.
+
+    .venv/bin/pytest tests/test_distill.py -q
+
+Models are the shipped sandbox zoo (one character tokenizer) on the real sandbox_addition task.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from harness import dataset as datasets
+from harness import distill, engines, generate, models, train
+from harness import grid as grids
+from harness.config import Experiment
+from harness.store import Store, read_jsonl
+
+TASK = "sandbox_addition"
+
+
+def experiment(root: Path, methods: list[str], **train_cfg: Any) -> Experiment:
+    return Experiment.model_validate(
+        {
+            "name": "methods-test",
+            "results_dir": str(root),
+            "teachers": [{"name": "teacher-s", "path": "sandbox:teacher-s"}],
+            "students": [{"name": "student-xs", "path": "sandbox:student-xs"}],
+            "tasks": [{"name": TASK, "train_limit": 8, "test_limit": 4}],
+            "generate": {"engine": "hf", "n": 1, "temperature": 0.7, "max_tokens": 48},
+            "train": {
+                "methods": methods,
+                "max_steps": 4,
+                "per_device_batch_size": 4,
+                "max_length": 128,
+                "precision": "fp32",
+                "checkpoint_seconds": 0,
+                **train_cfg,
+            },
+        }
+    )
+
+
+# --- the losses --------------------------------------------------------------------------------
+
+
+def full_kl(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per row, from the full distributions."""
+    lt, ls = teacher_logits.log_softmax(-1), student_logits.log_softmax(-1)
+    return (lt.exp() * (lt - ls)).sum(-1)
+
+
+def test_topk_kl_is_the_full_kl_at_the_whole_vocabulary_and_rises_to_it_with_k() -> None:
+    """Merging the teacher's tail into one bucket can only lose divergence (the data-processing
+    inequality), and each larger k refines the buckets: per position the top-k KL grows with k
+    and reaches the full KL when k covers the vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    teacher = 3 * torch.randn(64, 102, generator=gen)
+    student = 3 * torch.randn(64, 102, generator=gen)
+    exact = full_kl(teacher, student)
+    last = torch.zeros(64)
+    for k in (1, 2, 5, 10, 20, 50, 101, 102):
+        lps, ids = teacher.log_softmax(-1).topk(k, dim=-1)
+        kl = distill.topk_forward_kl(student, ids, lps, full=k == 102)
+        assert torch.all(kl >= last - 1e-5) and torch.all(kl <= exact + 1e-5)
+        last = kl
+    torch.testing.assert_close(last, exact, rtol=1e-5, atol=1e-5)
+    lps, ids = teacher.log_softmax(-1).topk(101, dim=-1)  # one token left: the tail is exact too
+    torch.testing.assert_close(distill.topk_forward_kl(student, ids, lps, False), exact)
+
+
+def test_topk_kl_tail_bucket_is_explicit() -> None:
+    """k = 1 on a 3-token vocabulary, by hand: the teacher's top token and one tail bucket."""
+    t = torch.tensor([[0.7, 0.2, 0.1]]).log()
+    s = torch.tensor([[0.5, 0.25, 0.25]]).log()
+    lps, ids = t.topk(1, dim=-1)
+    want = 0.7 * math.log(0.7 / 0.5) + 0.3 * math.log(0.3 / 0.5)
+    assert distill.topk_forward_kl(s, ids, lps, False).item() == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1, 0.5, 0.9, 1.0])
+def test_generalized_jsd_equals_trl_gkd_loss(beta: float) -> None:
+    """The same tensors through TRL's GKDTrainer.generalized_jsd_loss (the reference
+    implementation of GKD): equal values and equal gradients for the student."""
+    pytest.importorskip("trl")
+    from trl.experimental.gkd.gkd_trainer import GKDTrainer
+
+    gen = torch.Generator().manual_seed(1)
+    teacher = 2 * torch.randn(3, 7, 102, generator=gen)
+    student = (2 * torch.randn(3, 7, 102, generator=gen)).requires_grad_(True)
+    ours = distill.generalized_jsd(student.flatten(0, 1), teacher.flatten(0, 1), beta).sum()
+    (g_ours,) = torch.autograd.grad(ours, student)
+    theirs = GKDTrainer.generalized_jsd_loss(student, teacher, beta=beta, reduction="sum")
+    (g_theirs,) = torch.autograd.grad(theirs, student)
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-4, atol=1e-6)
+
+
+def test_reverse_kl_is_beta_one() -> None:
+    gen = torch.Generator().manual_seed(2)
+    t, s = torch.randn(5, 11, generator=gen), torch.randn(5, 11, generator=gen)
+    torch.testing.assert_close(distill.generalized_jsd(s, t, 1.0), full_kl(s, t))
+    assert distill.on_policy_beta({"divergence": "reverse_kl", "beta": 0.5}) == 1.0
+
+
+# --- the grid ----------------------------------------------------------------------------------
+
+
+def test_methods_axis_keys(tmp_path: Path) -> None:
+    """sft adds nothing to any key; kd adds the top-k to the traces; each method its own adapter
+    and eval, its row regime named by the method; on_policy leaves the traces alone."""
+    sft = grids.expand(experiment(tmp_path, ["sft"]))
+    both = grids.expand(experiment(tmp_path, ["sft", "on_policy"]))
+    assert {c.key for c in sft}.issubset({c.key for c in both})
+    (extra,) = [c for c in both.select(kind="adapter") if c.method == "on_policy"]
+    assert extra.regime == "per_teacher+on_policy" and extra.config["method"]["name"] == "on_policy"
+    assert "method" not in next(c for c in both.select(kind="adapter") if c.method == "sft").config
+    kd = grids.expand(experiment(tmp_path, ["sft", "kd"], kd={"top_k": 7}))
+    (traces,) = kd.select(kind="traces")
+    assert traces.config["generate"]["top_logprobs"] == 7
+    assert "top_logprobs" not in sft.select(kind="traces")[0].config["generate"]
+    rows = sorted(r[3] for r in kd.distilled)
+    assert rows == ["per_teacher", "per_teacher+kd"]
+    weight = grids.expand(experiment(tmp_path, ["kd"], kd={"top_k": 7, "weight": 0.9}))
+    assert weight.select(kind="adapter")[0].key != kd.select(kind="adapter")[1].key
+
+
+def test_on_policy_refuses_the_mix_regime(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="on_policy needs one teacher"):
+        Experiment.model_validate(
+            {
+                **experiment(tmp_path, ["sft"]).model_dump(),
+                "teachers": [
+                    {"name": "a", "path": "sandbox:teacher-s"},
+                    {"name": "b", "path": "sandbox:teacher-m"},
+                ],
+                "train": {
+                    "methods": ["on_policy"],
+                    "max_steps": 1,
+                    "regimes": ["mix"],
+                    "mix": [{"teacher": "a", "weight": 1}, {"teacher": "b", "weight": 1}],
+                },
+            }
+        )
+
+
+def test_validate_refuses_teachers_of_another_tokenizer(tmp_path: Path) -> None:
+    """A teacher whose tokenizer gives one character another id: kd and on_policy cannot compare
+    its distributions with the student's; `grid.check` (cotgap validate) says so, sft does not."""
+    import json
+
+    other = tmp_path / "other-teacher"
+    shutil.copytree(models.resolve(experiment(tmp_path, ["sft"]).teachers[0]), other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = [k for k in vocab if len(k) == 1 and k.isdigit()][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    for methods, bad in ((["sft"], False), (["sft", "kd"], True)):
+        exp = experiment(tmp_path, methods)
+        teachers = [exp.teachers[0].model_copy(update={"path": str(other)})]
+        exp = exp.model_copy(update={"teachers": teachers})
+        problems = grids.tokenizer_problems(exp)
+        assert bool(problems) == bad
+    assert "share one tokenizer" in problems[0] and "teacher-s" in problems[0]
+    big = experiment(tmp_path, ["kd"], kd={"top_k": 500})
+    assert "more than the 102 tokens" in grids.tokenizer_problems(big)[0]
+
+
+# --- capture at generation, and training ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Experiment, Store, Any]:
+    """teacher-s's traces with its whole distribution kept (top_k = the vocabulary, 102), through
+    the transformers engine in this process; their dataset for student-xs."""
+    exp = experiment(tmp_path_factory.mktemp("kd"), ["sft", "kd"], kd={"top_k": 102})
+    grid, store = grids.expand(exp), Store(exp.root)
+    (traces,) = grid.select(kind="traces")
+    engine = engines.load("hf", exp.teachers[0], max_logprobs=102)
+    try:
+        generate.work(exp, str(exp.root), [traces], engine=engine)
+    finally:
+        engine.close()
+    (dataset,) = grid.select(kind="dataset")
+    datasets.build(exp, store, dataset)
+    return exp, store, grid
+
+
+def teacher_logits(exp: Experiment, prompt_ids: list[int], completion: list[int]) -> torch.Tensor:
+    """The teacher's logits predicting each completion token (a forward pass of the model)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(models.resolve(exp.teachers[0]))
+    with torch.no_grad():
+        logits = model(torch.tensor([[*prompt_ids, *completion]])).logits[0]
+    return logits[len(prompt_ids) - 1 : len(prompt_ids) + len(completion) - 1]
+
+
+def test_captured_topk_is_the_teachers_distribution(kd_run: tuple) -> None:
+    """topk.npz holds, per generated token, the teacher's log-probabilities: with k = vocabulary,
+    the kd loss from the file equals the KL computed from the teacher's own full logits."""
+    exp, store, grid = kd_run
+    (traces,) = grid.select(kind="traces")
+    cell_dir = store.cell_dir("traces", traces.key)
+    summary = store.manifest("traces", traces.key)["summary"]
+    assert summary["topk_bytes"] == (cell_dir / distill.TOPK).stat().st_size > 0
+    assert summary["top_logprobs"] == 102 and not (cell_dir / distill.TOPK_LINES).exists()
+    records, topk = read_jsonl(cell_dir / generate.TRACES), distill.TopK(cell_dir / distill.TOPK)
+    assert len(topk.index) == len(records) == 8
+    engine = engines.load("hf", exp.teachers[0])
+    r = records[0]
+    prompt_ids = engine.render(engines.Request(r["id"], prompt=r["prompt"]))
+    tokens, ids, lps = topk.get(r["id"], r["sample"])
+    assert len(tokens) == r["completion_tokens"] and ids.shape == (len(tokens), 102)
+    logits = teacher_logits(exp, prompt_ids, tokens.tolist())
+    student = torch.randn(len(tokens), 102, generator=torch.Generator().manual_seed(3))
+    stored = distill.topk_forward_kl(
+        student, torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(lps), full=True
+    )
+    torch.testing.assert_close(stored, full_kl(logits, student), rtol=1e-4, atol=1e-4)
+
+
+def test_kd_adapter_trains_on_aligned_teacher_distributions(kd_run: tuple) -> None:
+    """A kd adapter trains from the stored top-k alone (no teacher in the worker): every
+    completion token the teacher generated is aligned (one tokenizer), and the summary says so."""
+    exp, store, grid = kd_run
+    (cell,) = [c for c in grid.select(kind="adapter") if c.method == "kd"]
+    summary = train.run(exp, store, [cell])[cell.key]
+    examples = read_jsonl(store.cell_dir("dataset", cell.upstream[0]) / "examples.jsonl")
+    traces = read_jsonl(
+        store.cell_dir("traces", grid.select(kind="traces")[0].key) / "traces.jsonl"
+    )
+    generated = {(t["id"], t["sample"]): t["completion_tokens"] for t in traces}
+    assert summary["distillation"]["method"] == "kd"
+    assert summary["distillation"]["kd_positions"] == sum(
+        generated[e["id"], e["sample"]] for e in examples
+    )
+    assert math.isfinite(summary["final_loss"]) and summary["steps"] == 4
