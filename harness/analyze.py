@@ -109,6 +109,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
     result["adapter_budgets"] = adapter_budgets(store, board)
+    result["teacher_topk"] = teacher_topk(store, board)
     result["selection"] = [
         {"task": d.task, "accuracies": d.accuracies, "spread": d.spread, "passed": d.passed,
          "reason": d.reason, "split": d.split, "min_points": d.min_points}
@@ -956,6 +957,21 @@ def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
                 "gain": r.gain,
             }
         )
+    return out
+
+
+def teacher_topk(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per complete traces cell that kept its teacher's top-k log-probabilities (kd): the teacher,
+    k, the tokens they cover and the size of the file (bytes)."""
+    out = []
+    rows = board.dropna(subset=["traces_key"]).drop_duplicates("traces_key")
+    for teacher, key in zip(rows["teacher"], rows["traces_key"], strict=True):
+        s = (store.manifest("traces", key) or {}).get("summary") or {}
+        if s.get("topk_bytes") is not None:
+            out.append(
+                {"teacher": teacher, "traces_key": key, "k": s["top_logprobs"],
+                 "tokens": s.get("generated_tokens"), "bytes": s["topk_bytes"]}
+            )  # fmt: skip
     return out
 
 

@@ -361,11 +361,24 @@ def _methods(r: dict[str, Any]) -> str:
               "extra device-s"]  # fmt: skip
     return (
         "## Capacity gap per method\n\nThe same teachers, students and training sets, distilled "
-        "three ways: sft (the teacher's traces), kd (plus its top-k next-token distribution), "
-        "on_policy (the student's own samples scored by the teacher). Per method: the share of "
+        "by each method of `train.methods`: sft (the teacher's traces), kd (plus its top-k "
+        "next-token distribution), on_policy (the student's own samples scored by the teacher). Per method: the share of "
         "groups decided, the mean gain, the teacher-level test of gain against teacher accuracy, "
         "how often the strongest teacher is in the best set, and what the method cost beyond "
-        "training (summed over its adapters).\n\n" + md_table(header, rows)
+        "training (summed over its adapters).\n\n" + md_table(header, rows) + _topk_size(r)
+    )
+
+
+def _topk_size(r: dict[str, Any]) -> str:
+    topk = r.get("teacher_topk") or []
+    if not topk:
+        return ""
+    size, tokens = sum(t["bytes"] for t in topk), sum(t["tokens"] or 0 for t in topk)
+    return (
+        f"\n\nkd trains from the teachers' top-{topk[0]['k']} log-probabilities, captured while "
+        f"their traces were generated and stored with them: {size / 2**20:.2f} MiB over "
+        f"{len(topk)} traces cell(s), {tokens} generated tokens ({size / max(tokens, 1):.0f} "
+        "bytes a token); training never loads a teacher for kd."
     )
 
 

@@ -26,7 +26,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"config", "devices"},
     {"store", "costs"},
     {"tasks", "models", "gguf", "sandbox", "sandbox.tasks", "sandbox.zoo", "sandbox.random_model"},
-    {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine"},
+    {"scoring", "engines", "engines.base", "engines.hf_engine", "engines.vllm_engine", "distill"},
     {"cells"},
     {"grid", "selection", "feasible", "offline"},
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
