@@ -9,6 +9,7 @@ Models are the shipped sandbox zoo (one character tokenizer) on the real sandbox
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from pathlib import Path
@@ -245,3 +246,61 @@ def test_kd_adapter_trains_on_aligned_teacher_distributions(kd_run: tuple) -> No
         generated[e["id"], e["sample"]] for e in examples
     )
     assert math.isfinite(summary["final_loss"]) and summary["steps"] == 4
+
+
+def test_topk_resumes_with_the_traces(kd_run: tuple, tmp_path: Path) -> None:
+    """A killed run left 3 trace records, a topk line for a 4th record it never wrote and half a
+    line: the rerun keeps the 3, regenerates the rest, and ends with the reference's traces and
+    arrays."""
+    exp, store, grid = kd_run
+    (traces,) = grid.select(kind="traces")
+    ref_dir = store.cell_dir("traces", traces.key)
+    again = exp.model_copy(update={"results_dir": str(tmp_path)})
+    cell_dir = Store(again.root).cell_dir("traces", traces.key)
+    cell_dir.mkdir(parents=True)
+    lines = (ref_dir / generate.TRACES).read_bytes().splitlines(keepends=True)
+    (cell_dir / generate.TRACES).write_bytes(b"".join(lines[:3]))
+    ref = distill.TopK(ref_dir / distill.TOPK)
+    records = read_jsonl(ref_dir / generate.TRACES)
+
+    def line(r: dict) -> str:
+        tokens, ids, lps = ref.get(r["id"], r["sample"])
+        top = tuple(zip(map(tuple, ids.tolist()), map(tuple, lps.tolist()), strict=True))
+        sample = engines.Sample("", tuple(tokens.tolist()), 0, "stop", None, top)
+        return json.dumps({"id": r["id"], "sample": r["sample"], **distill.encode_topk(sample)})
+
+    text = "\n".join(line(r) for r in records[:4]) + "\n" + line(records[4])[:40]
+    (cell_dir / distill.TOPK_LINES).write_text(text)
+    engine = engines.load("hf", exp.teachers[0], max_logprobs=102)
+    try:
+        summary = generate.work(again, str(again.root), [traces], engine=engine)[traces.key]
+    finally:
+        engine.close()
+    assert summary["resumed_items"] == 3
+    assert (cell_dir / generate.TRACES).read_bytes() == (ref_dir / generate.TRACES).read_bytes()
+    got = distill.TopK(cell_dir / distill.TOPK)
+    assert got.index == ref.index
+    assert np.array_equal(got.tokens, ref.tokens) and np.array_equal(got.ids, ref.ids)
+    # the resumed items ran in a batch of other widths: float rounding, not other values
+    np.testing.assert_allclose(got.logprobs, ref.logprobs, rtol=0, atol=1e-4)
+
+
+def test_vllm_captures_the_top_k_of_the_transformers_engine(tmp_path: Path) -> None:
+    """vLLM's `logprobs=k` and the transformers engine's log-softmax of its logits: the same
+    top-k ids and log-probabilities for the same greedy completion."""
+    spec = experiment(tmp_path, ["kd"]).teachers[0]
+    request = [engines.Request("q", prompt="What is 37+45? Think step by step.")]
+    sampling = engines.Sampling(max_tokens=24, top_logprobs=30)
+    got = {}
+    for name in ("vllm", "hf"):
+        engine = engines.load(name, spec, max_logprobs=30)
+        try:
+            [[got[name]]] = engine.generate(request, sampling)
+        finally:
+            engine.close()
+    v = got["vllm"]
+    assert v.token_ids == got["hf"].token_ids and len(v.top) == len(v.token_ids) > 1
+    for (ids_v, lps_v), (ids_h, lps_h) in zip(got["vllm"].top, got["hf"].top, strict=True):
+        assert len(ids_v) == 30
+        np.testing.assert_allclose(lps_v, lps_h, atol=1e-3)
+        assert ids_v[:5] == ids_h[:5]  # beyond, near-ties may order differently
