@@ -218,6 +218,7 @@ def sample(
         config = GenerationConfig(
             max_new_tokens=max(max_new),
             do_sample=False,
+            use_cache=True,  # training with gradient checkpointing turns the model's off
             eos_token_id=list(eos_ids),
             pad_token_id=pad_id,
         )
