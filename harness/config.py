@@ -282,8 +282,10 @@ class TrainConfig(Strict):
         description="distillation methods, a grid axis: sft (the teacher's traces), kd (plus the "
         "teacher's top-k distribution), on_policy (student samples scored by the teacher)",
     )
-    kd: KdConfig = KdConfig()
-    on_policy: OnPolicyConfig = OnPolicyConfig()
+    kd: KdConfig = Field(KdConfig(), description="the kd method's settings (kd in methods)")
+    on_policy: OnPolicyConfig = Field(
+        OnPolicyConfig(), description="the on_policy method's settings (on_policy in methods)"
+    )
     lora: LoraConfig = LoraConfig()
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -359,6 +361,9 @@ class TrainConfig(Strict):
             raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
         if not self.methods or len(set(self.methods)) != len(self.methods):
             raise ValueError("methods: give each of sft, kd, on_policy at most once")
+        for name, default in (("kd", KdConfig()), ("on_policy", OnPolicyConfig())):
+            if getattr(self, name) != default and name not in self.methods:
+                raise ValueError(f"train.{name} is used only with {name} in train.methods")
         if "on_policy" in self.methods and "mix" in self.regimes:
             raise ValueError(
                 "methods: on_policy needs one teacher to score the student's samples; the mix "

@@ -304,3 +304,10 @@ def test_vllm_captures_the_top_k_of_the_transformers_engine(tmp_path: Path) -> N
         assert len(ids_v) == 30
         np.testing.assert_allclose(lps_v, lps_h, atol=1e-3)
         assert ids_v[:5] == ids_h[:5]  # beyond, near-ties may order differently
+
+
+def test_method_settings_need_their_method(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="train.kd is used only with kd in train.methods"):
+        experiment(tmp_path, ["sft"], kd={"top_k": 5})
+    with pytest.raises(ValueError, match="train.on_policy is used only with on_policy"):
+        experiment(tmp_path, ["sft", "kd"], on_policy={"beta": 0.2})
