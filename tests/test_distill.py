@@ -311,3 +311,20 @@ def test_method_settings_need_their_method(tmp_path: Path) -> None:
         experiment(tmp_path, ["sft"], kd={"top_k": 5})
     with pytest.raises(ValueError, match="train.on_policy is used only with on_policy"):
         experiment(tmp_path, ["sft", "kd"], on_policy={"beta": 0.2})
+
+
+def test_plan_counts_on_policy_sampling_and_teacher_forwards(tmp_path: Path) -> None:
+    """`cotgap plan` prices an on_policy adapter's samples (generation by the student) and the
+    teacher's forward passes (training-stage work of the teacher), beside its training."""
+    from harness import plan
+
+    def work(methods: list[str], **cfg: Any) -> dict:
+        exp = experiment(tmp_path, methods, **cfg)
+        return plan.work_by_model(exp, grids.expand(exp).unique())
+
+    sft, opd = work(["sft"]), work(["sft", "on_policy"], on_policy={"max_new_tokens": 50})
+    assert ("generate", "student-xs") not in sft and ("train", "teacher-s") not in sft
+    examples = 4 * 4  # max_steps x batch
+    assert opd["generate", "student-xs"]["tokens"] == examples * 50
+    assert opd["train", "teacher-s"]["tokens"] == examples * 128 // 3
+    assert opd["train", "student-xs"]["tokens"] == 2 * sft["train", "student-xs"]["tokens"]
