@@ -321,14 +321,6 @@ def tokenizer_problems(exp: Experiment) -> list[str]:
     (the losses compare next-token distributions id by id), and kd's top_k must fit in it."""
     if not {"kd", "on_policy"} & set(exp.train.methods):
         return []
-    from transformers import AutoTokenizer
-
-    def vocab(m: Any) -> dict[str, int]:
-        tok = AutoTokenizer.from_pretrained(
-            models.resolve(m), trust_remote_code=m.trust_remote_code
-        )
-        return tok.get_vocab()
-
     student = exp.students[0]
     ref, problems = vocab(student), []
     for m in (*exp.teachers, *exp.students[1:]):
@@ -348,3 +340,19 @@ def tokenizer_problems(exp: Experiment) -> list[str]:
             f"tokenizer; give at most {len(ref)} (all of it: kd on the full distribution)."
         )
     return problems
+
+
+def vocab(m: Any) -> dict[str, int]:
+    """A model's vocabulary (token -> id, added tokens included): from its tokenizer.json through
+    `tokenizers` (no transformers import: `validate` stays fast), else through transformers."""
+    from pathlib import Path
+
+    path = Path(models.resolve(m)) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path.parent, trust_remote_code=m.trust_remote_code)
+    return tok.get_vocab()
