@@ -623,8 +623,11 @@ def _method(
         from transformers import AutoModelForCausalLM
 
         t = job["teacher"]
+        dtype = (
+            torch.bfloat16 if _precision(cfg) == "bf16" else torch.float32
+        )  # frozen: as LoRA's base
         teacher = AutoModelForCausalLM.from_pretrained(
-            t["model_dir"], dtype=torch.float32, trust_remote_code=t["trust_remote_code"]
+            t["model_dir"], dtype=dtype, trust_remote_code=t["trust_remote_code"]
         )
         out["teacher"] = teacher.to(acc.device).eval().requires_grad_(False)
         eos = acc.unwrap_model(model).generation_config.eos_token_id
