@@ -328,3 +328,26 @@ def test_plan_counts_on_policy_sampling_and_teacher_forwards(tmp_path: Path) -> 
     assert opd["generate", "student-xs"]["tokens"] == examples * 50
     assert opd["train", "teacher-s"]["tokens"] == examples * 128 // 3
     assert opd["train", "student-xs"]["tokens"] == 2 * sft["train", "student-xs"]["tokens"]
+
+
+def test_methods_multiply_every_other_axis(tmp_path: Path) -> None:
+    """With screening, top-k teachers, per-item filtering, budget alignment and two seeds, each
+    method adds one adapter and one eval per sft adapter, each with its own gate; datasets and
+    screens are shared by the methods."""
+    from helpers import sandbox_grid
+
+    def grid(methods: list[str]) -> grids.Grid:
+        train = {"methods": methods, "teachers_per_student": "top_k", "top_k": 1,
+                 "filter_by": "nll", "filter_drop": 0.25, "seeds": [0, 1],
+                 "budget": {"align": ["none", "tokens"]}}  # fmt: skip
+        data = sandbox_grid("m", tmp_path, **train)
+        data["screen"] = {"max_examples": 8}
+        return grids.expand(Experiment.model_validate(data))
+
+    one, three = grid(["sft"]), grid(["sft", "kd", "on_policy"])
+    count = lambda g, kind: len({c.key for c in g.select(kind=kind)})  # noqa: E731
+    assert count(three, "adapter") == 3 * count(one, "adapter") > 0
+    assert count(three, "dataset") == count(one, "dataset")
+    assert count(three, "screen") == count(one, "screen")
+    assert len(three.distilled) == 3 * len(one.distilled)
+    assert set(three.gates) == {d.adapter.key for d in three.distilled.values()}
