@@ -389,6 +389,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
             if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
             first = (step - 1) * ga * world + acc.process_index  # global micro-batch positions
+            before = dict(method["extra"])
             batches = [
                 _micro_batch(method, model, data, next(stream), pad, first + j * world)
                 for j in range(ga)
@@ -397,6 +398,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
             loss, counts = _step(
                 acc, model, optimizer, scheduler, batches, cfg.max_grad_norm, method
             )
+            _sum_extra_over_ranks(acc, method["extra"], before)
             progress["step"], progress["elapsed"] = step, round(time.perf_counter() - began, 3)
             progress["tokens"] += int(counts[1])
             progress["positions"] += int(counts[2])
@@ -634,6 +636,18 @@ def _method(
         out["eos"] = sorted({*([eos] if isinstance(eos, int) else eos or []), tok.eos_token_id})
         out["max_length"] = cfg.max_length
     return out
+
+
+def _sum_extra_over_ranks(acc: Any, extra: dict[str, Any], before: dict[str, Any]) -> None:
+    """Every rank's share of this step's extra cost added on every rank (a collective), so the
+    counters rank 0 checkpoints and reports are the whole run's."""
+    keys = [k for k in sorted(extra) if k != "kd_positions"]  # kd's: the same set on each rank
+    if acc.num_processes == 1 or not keys:
+        return
+    step = torch.tensor([extra[k] - before[k] for k in keys], dtype=torch.float64)
+    total = acc.reduce(step.to(acc.device), "sum").tolist()
+    for k, v in zip(keys, total, strict=True):
+        extra[k] = before[k] + (round(v) if isinstance(before[k], int) else v)
 
 
 def _method_summary(method: dict) -> dict[str, Any]:

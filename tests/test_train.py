@@ -751,3 +751,17 @@ def test_on_policy_resume_after_sigkill_is_byte_identical(toy: tuple, on_policy:
     assert {k: summary["distillation"][k] for k in keep} == {
         k: done["distillation"][k] for k in keep
     }
+
+
+def test_on_policy_on_two_processes_counts_every_rank(toy: tuple, on_policy: tuple) -> None:
+    """Two DDP ranks sample their own micro-batches; the cost rank 0 reports is both ranks'."""
+    _, store, _ = toy
+    opd, adapter, _, _ = on_policy
+    config = {**adapter.config, "train": {**adapter.config["train"], "num_processes": 2}}
+    config["train"]["max_steps"] = 3
+    cell = dataclasses.replace(adapter, key="e" * 20, config=config)
+    summary = train.run(opd, store, [cell])[cell.key]
+    d = summary["distillation"]
+    assert summary["steps"] == 3 and summary["effective_batch"] == 2 * 8 * 2
+    assert d["student_batches"] + d["teacher_batches"] == 3 * 2 * 2  # steps x grad_accum x ranks
+    assert d["teacher_forward_tokens"] == summary["tokens"]
