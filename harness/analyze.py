@@ -41,6 +41,8 @@ COLUMNS: dict[str, str] = {
     "teacher": "teacher model (teacher and distilled rows)",
     "regime": "training-set regime: per_teacher | intersection | matched | mix, with @align when "
     "the budget is aligned (distilled rows)",
+    "method": "distillation method: sft | kd | on_policy (distilled rows); a method other than sft "
+    "also ends the regime (`+kd`), so every per-regime analysis is per method",
     "seed": "training seed (distilled rows)",
     "trace_seed": "trace-sampling seed of the traces the row's training set was drawn from: one of "
     "generate.seeds, else generate.seed (distilled rows)",
@@ -107,6 +109,7 @@ def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Pa
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
     result["adapter_budgets"] = adapter_budgets(store, board)
+    result["teacher_topk"] = teacher_topk(store, board)
     result["selection"] = [
         {"task": d.task, "accuracies": d.accuracies, "spread": d.spread, "passed": d.passed,
          "reason": d.reason, "split": d.split, "min_points": d.min_points, "runs": d.runs}
@@ -533,6 +536,7 @@ def _distilled_row(a: AnalysisConfig, reader: _Reader, d: grids.Distilled) -> di
         "row_type": "distilled",
         "student": cell.model,
         "regime": cell.regime,
+        "method": d.adapter.method,
         "seed": d.train_seed,
         "trace_seed": d.trace_seed,
         "base_acc": base.accuracy if base else NAN,
@@ -837,7 +841,7 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
         h = d["headline"]
         rows.append(
             {"task": g["task"], "student": g["student"], "regime": g["regime"],
-             "answer": d["answer"], "distill": d["distill"], "teacher": h["teacher"],
+             "method": regimes.method_of(g["regime"]), "answer": d["answer"], "distill": d["distill"], "teacher": h["teacher"],
              "gain": h["gain"], "gain_low": h["gain_low"], "gain_high": h["gain_high"],
              "verdict": h["verdict"], "base_acc": d["base_acc"],
              "best_set": ";".join(d["best_set"]),
@@ -851,7 +855,8 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
 ANSWER_COLUMNS: dict[str, str] = {
     "task": "task name",
     "student": "student model",
-    "regime": "training-set regime (with @align when budgets are aligned)",
+    "regime": "training-set regime (with @align when budgets are aligned, +method unless sft)",
+    "method": "distillation method: sft | kd | on_policy",
     "answer": "the teacher to distill from | none (no teacher can beat the baseline by the effect "
     "of interest) | inconclusive",
     "distill": "does distilling beat not distilling: yes | no | inconclusive",
@@ -992,10 +997,27 @@ def adapter_budgets(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
                 "planned_updates": b.get("updates"),
                 "reference_updates": (b.get("reference") or {}).get("updates"),
                 "mix": ((dataset or {}).get("summary") or {}).get("mix"),
+                "method": r.method,
+                "extra_cost": s.get("distillation"),  # the method's teacher / sampling cost
                 "post_acc": r.post_acc,
                 "gain": r.gain,
             }
         )
+    return out
+
+
+def teacher_topk(store: Store, board: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per complete traces cell that kept its teacher's top-k log-probabilities (kd): the teacher,
+    k, the tokens they cover and the size of the file (bytes)."""
+    out = []
+    rows = board.dropna(subset=["traces_key"]).drop_duplicates("traces_key")
+    for teacher, key in zip(rows["teacher"], rows["traces_key"], strict=True):
+        s = (store.manifest("traces", key) or {}).get("summary") or {}
+        if s.get("topk_bytes") is not None:
+            out.append(
+                {"teacher": teacher, "traces_key": key, "k": s["top_logprobs"],
+                 "tokens": s.get("generated_tokens"), "bytes": s["topk_bytes"]}
+            )  # fmt: skip
     return out
 
 

@@ -144,6 +144,8 @@ def _generate_identity(exp: Experiment, seed: int) -> dict[str, Any]:
     """One draw's generate settings: `seed` that draw's, `seeds` (the grid's choice) left out."""
     settings = canonical(exp.generate)
     settings.pop("seeds")  # added after keys were published: never in a traces key
+    if "kd" in exp.train.methods:  # the teacher's top-k distributions are captured with the traces
+        settings["top_logprobs"] = exp.train.kd.top_k
     return {**settings, "seed": seed}
 
 
@@ -309,6 +311,7 @@ class Adapter(_Distilling):
     kind: ClassVar[str] = "adapter"
     phase: ClassVar[int] = 5
     seed: int = 0
+    method: str = "sft"  # the distillation method (train.methods)
 
     @functools.cached_property
     def train(self) -> TrainConfig:
@@ -336,13 +339,17 @@ class Adapter(_Distilling):
         seed: int,
         align: str = "none",
         reference: Dataset | None = None,
+        method: str = "sft",
     ) -> Adapter:
         """`align` other than none: trains as many updates as match `reference` (a per_teacher
         dataset, `upstream[1]`) in updates, tokens or examples; the train stage computes them
-        from both datasets before training. The reference's own adapter is left unaligned."""
+        from both datasets before training. The reference's own adapter is left unaligned.
+        `method`: the distillation method; its settings are in the key (sft: nothing added)."""
         own_batch = dataset.regime == "mix" and align != "batch"
         settings = _shared(exp, ("train", own_batch), lambda: _train_identity(exp, own_batch))
         config = {"student": ident, "train": settings, "seed": seed}
+        if method != "sft":  # added after keys were published: an sft key holds no method
+            config["method"] = method_identity(exp.train, method)
         up: tuple[str, ...] = (dataset.key,)
         if align == "batch":  # the training's own batch and budget, not train.mix_batch
             config["budget"] = {"align": align}
@@ -350,8 +357,14 @@ class Adapter(_Distilling):
             config["budget"] = {"align": align}
             up = (dataset.key, reference.key)
         key = cell_key("adapter", config, up, package_versions(TRAIN_PACKAGES))
-        d, regime = dataset, regimes.row_regime(dataset.regime, align)
-        return cls(key, config, up, d.model, d.task, d.teacher, regime, d.trace_seed, seed)
+        d, regime = dataset, regimes.row_regime(dataset.regime, align, method)
+        return cls(key, config, up, d.model, d.task, d.teacher, regime, d.trace_seed, seed, method)
+
+
+def method_identity(train: TrainConfig, method: str) -> dict[str, Any]:
+    """A distillation method's name and settings, as an adapter's key holds them."""
+    settings = {"kd": train.kd, "on_policy": train.on_policy}.get(method)
+    return {"name": method, **(canonical(settings) if settings is not None else {})}
 
 
 def _train_identity(exp: Experiment, own_batch: bool) -> dict[str, Any]:
@@ -366,7 +379,8 @@ def _train_identity(exp: Experiment, own_batch: bool) -> dict[str, Any]:
     # the key. (checkpoint_every predates this rule and stays in the key.)
     settings.pop("checkpoint_seconds")
     settings.pop("gradient_checkpointing")  # the same weights, recomputed activations
-    for name in ("mix", "mix_batch", "budget"):  # added later: in the key only where they act
+    # added later: in the key only where they act (the method: `method_identity`)
+    for name in ("mix", "mix_batch", "budget", "methods", "kd", "on_policy"):
         settings.pop(name)
     # which teachers are trained is the grid's choice, not the adapter's: out of the key
     settings.pop("teachers_per_student")

@@ -197,6 +197,7 @@ class LoraConfig(Strict):
 
 
 Regime = Literal["per_teacher", "intersection", "matched", "mix"]
+Method = Literal["sft", "kd", "on_policy"]
 Align = Literal["none", "updates", "tokens", "examples", "batch"]
 
 
@@ -248,8 +249,48 @@ class Budget(Strict):
         return self
 
 
+class KdConfig(Strict):
+    """The kd method: the student matches the teacher's next-token distribution on the teacher's
+    traces, from the top-k log-probabilities captured while the traces were generated."""
+
+    top_k: int = Field(20, gt=0, description="teacher log-probabilities kept per token")
+    weight: float = Field(
+        0.5, ge=0, le=1, description="loss = weight * forward KL + (1 - weight) * SFT loss"
+    )
+
+
+class OnPolicyConfig(Strict):
+    """The on_policy method (GKD): the student samples completions of the training questions,
+    the teacher scores every token, and the student minimises a divergence from the teacher."""
+
+    divergence: Literal["reverse_kl", "jsd"] = Field(
+        "jsd", description="reverse_kl: KL(student || teacher); jsd: generalized JSD with beta"
+    )
+    beta: float = Field(
+        0.5, gt=0, lt=1, description="jsd's interpolation: 0 nears forward KL, 1 reverse KL"
+    )
+    teacher_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of micro-batches on the teacher's traces instead of student samples "
+        "(GKD's lambda is 1 - teacher_share)",
+    )
+    temperature: float = Field(1.0, gt=0, description="the student's sampling temperature")
+    max_new_tokens: int = Field(256, gt=0, description="longest sampled completion")
+
+
 class TrainConfig(Strict):
     method: Literal["lora", "full"] = "lora"
+    methods: tuple[Method, ...] = Field(
+        ("sft",),
+        description="distillation methods, a grid axis: sft (the teacher's traces), kd (plus the "
+        "teacher's top-k distribution), on_policy (student samples scored by the teacher)",
+    )
+    kd: KdConfig = Field(KdConfig(), description="the kd method's settings (kd in methods)")
+    on_policy: OnPolicyConfig = Field(
+        OnPolicyConfig(), description="the on_policy method's settings (on_policy in methods)"
+    )
     lora: LoraConfig = LoraConfig()
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -323,6 +364,16 @@ class TrainConfig(Strict):
             raise ValueError("top_k is used only with teachers_per_student: top_k")
         if (self.filter_by is None) != (self.filter_drop == 0):
             raise ValueError("set filter_by and filter_drop > 0 together (per-item filtering)")
+        if not self.methods or len(set(self.methods)) != len(self.methods):
+            raise ValueError("methods: give each of sft, kd, on_policy at most once")
+        for name, default in (("kd", KdConfig()), ("on_policy", OnPolicyConfig())):
+            if getattr(self, name) != default and name not in self.methods:
+                raise ValueError(f"train.{name} is used only with {name} in train.methods")
+        if "on_policy" in self.methods and "mix" in self.regimes:
+            raise ValueError(
+                "methods: on_policy needs one teacher to score the student's samples; the mix "
+                "regime has several: leave mix out of regimes or on_policy out of methods"
+            )
         return self
 
 

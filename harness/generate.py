@@ -4,7 +4,9 @@
 
 `run` takes the traces cells of one teacher (every trace draw of it: `generate.seeds`) and runs
 them in one child process with one engine session; each cell samples with its own draw's seed.
-Each cell's `traces.jsonl` holds one record per sample, in item then sample order.
+Each cell's `traces.jsonl` holds one record per sample, in item then sample order; where the
+grid distils by kd (`train.methods`), `topk.npz` beside it holds the teacher's top-k
+log-probabilities of every generated token (harness/distill.py).
 Items are generated in windows of `chunk_seqs` sequences, and within a window a record is
 written as soon as every earlier item of the window is written, so the file on disk is always
 a run of whole items in item order. A killed run keeps those items, regenerates the rest and
@@ -21,11 +23,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import answers, engines, scoring, tasks
+from harness import answers, distill, engines, scoring, tasks
 from harness.config import Experiment
 from harness.engines import Engine, Request, Sampling
 from harness.scoring import TRACES, trace_record
-from harness.store import Store, atomic_write_bytes
+from harness.store import Store, atomic_write_bytes, atomic_write_text, jsonl_text, read_jsonl
 
 if TYPE_CHECKING:
     from harness.cells import Traces
@@ -68,7 +70,8 @@ def work(
     engines.emit({"total": sampling.n * sum(len(items) for _, _, items in loaded)})
     if engine is None:
         engines.emit({"status": f"starting the {exp.generate.engine} engine"})
-        engine = engines.load(exp.generate.engine, exp.model(cells[0].model))
+        k = max(c.config["generate"].get("top_logprobs", 0) for c in cells)
+        engine = engines.load(exp.generate.engine, exp.model(cells[0].model), max_logprobs=k)
     return {
         c.key: _generate_cell(exp, store, c, task, items, engine, _drawn(sampling, c), chunk_seqs)
         for c, task, items in loaded
@@ -76,8 +79,11 @@ def work(
 
 
 def _drawn(sampling: Sampling, cell: Traces) -> Sampling:
-    """The sampling of one trace draw: the generate settings at the cell's own seed."""
-    return dataclasses.replace(sampling, seed=cell.config["generate"]["seed"])
+    """The sampling of one trace draw: the generate settings at the cell's own seed (and the
+    top-k log-probabilities its key asks for)."""
+    settings = cell.config["generate"]
+    k = settings.get("top_logprobs", 0)
+    return dataclasses.replace(sampling, seed=settings["seed"], top_logprobs=k)
 
 
 def task_items(exp: Experiment, cell: Any, split: str) -> tuple[tasks.TaskSpec, list[tasks.Item]]:
@@ -112,6 +118,7 @@ def _generate_cell(
         scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
         records, done = list(out.records), {r["id"] for r in out.records}
+        topk = _topk_lines(c, records) if sampling.top_logprobs else None
         engines.emit({"skipped": len(records)})
         gen_s, per_chunk = 0.0, max(1, chunk_seqs // n)
         for start in range(0, len(items), per_chunk):
@@ -126,6 +133,8 @@ def _generate_cell(
                 prompt = batch[i].prompt
                 for k, s in enumerate(samples):
                     records.append(trace_record(task, todo[i], prompt, k, s, extractor, scored))
+                    if topk is not None:  # first: every trace record on disk has its line
+                        topk.write({"id": todo[i].id, "sample": k, **distill.encode_topk(s)})
                     out.write(records[-1])
             gen_s += time.perf_counter() - t0
         tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])
@@ -139,8 +148,29 @@ def _generate_cell(
             sampling=sampling.as_dict(),
             resumed_items=len(done),
         )
+        if topk is not None:
+            topk.close()
+            summary.update(_pack_topk(c.dir, sampling.top_logprobs))
         c.finish(summary, packages=engine.packages)
     return summary
+
+
+def _topk_lines(cell: Any, records: list[dict]) -> Any:
+    """topk.jsonl's writer, its lines cut back to the trace records kept on disk (a killed run
+    may have written a line for a record it never wrote)."""
+    path = cell.dir / distill.TOPK_LINES
+    kept = {(r["id"], r["sample"]) for r in records}
+    lines = [x for x in read_jsonl(path, repair=True) if (x["id"], x["sample"]) in kept]
+    atomic_write_text(path, jsonl_text(lines))
+    return cell.jsonl(distill.TOPK_LINES)
+
+
+def _pack_topk(cell_dir: Path, k: int) -> dict[str, Any]:
+    """topk.jsonl packed into topk.npz (the cell keeps the npz); its size for the summary."""
+    path = cell_dir / distill.TOPK_LINES
+    size = distill.pack_topk(read_jsonl(path), cell_dir / distill.TOPK)
+    path.unlink()
+    return {"top_logprobs": k, "topk_bytes": size}
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:

@@ -8,7 +8,8 @@ it) and one eval cell per teacher; one baseline eval per student, shared by ever
 draw; per (student, regime, teacher, trace draw) one dataset built from that draw's traces only
 (the mix regime: one per student and draw; with a `screen:` section, a screen cell of it), and
 per training seed paired with the draw (`train.replicates`: crossed, every seed; paired, the
-draw's own) and budget alignment (train.budget.align) an adapter and its eval. A cell shared by
+draw's own), budget alignment (train.budget.align) and distillation method (train.methods) an
+adapter and its eval. A cell shared by
 two rows (a baseline is in every distilled row of its student) is one cell. The lookups name each
 row's cells, so the analysis reads the grid instead of rebuilding it. With `select:`, each task
 first has one select eval per teacher (phase 0; harness/selection.py decides from them).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import Any
 
 from harness import models, regimes
 from harness.cells import (
@@ -219,14 +221,29 @@ def _student_draw(
                         rows.screens[task, student, t, regime, trace_seed] = screen
                         cells.append(screen)
                 d = sets[regime, t]
-                for seed in train_seeds:
-                    a = Adapter.of(exp, ident, d, seed, align, reference)
-                    names_ = {"teacher": t, "regime": a.regime, "seed": seed}
-                    names_["trace_seed"] = d.trace_seed
-                    e = Eval.of(exp, ident, student, task, a, role="distilled", **names_)
-                    cells.extend((a, e))
-                    row = (task, student, t, a.regime, trace_seed, seed)
-                    rows.distilled[row] = Distilled(e, a, d, base, traces.get(t), trace_seed, seed)
+                for method in exp.train.methods:
+                    for seed in train_seeds:
+                        a = Adapter.of(exp, ident, d, seed, align, reference, method)
+                        _distilled(exp, ident, a, d, base, traces.get(t), cells, rows)
+
+
+def _distilled(
+    exp: Experiment,
+    ident: dict,
+    a: Adapter,
+    d: Dataset,
+    base: Eval,
+    traces: Traces | None,
+    cells: list[Cell],
+    rows: _Rows,
+) -> None:
+    """An adapter, its eval and its row (the row's regime names its alignment and method)."""
+    names = {"teacher": d.teacher, "regime": a.regime, "seed": a.seed, "trace_seed": d.trace_seed}
+    e = Eval.of(exp, ident, a.student, a.task, a, role="distilled", **names)
+    cells.extend((a, e))
+    draw = exp.generate.seed if d.trace_seed is None else d.trace_seed
+    row = (a.task, a.student, d.teacher, a.regime, draw, a.seed)
+    rows.distilled[row] = Distilled(e, a, d, base, traces, draw, a.seed)
 
 
 def _gates(exp: Experiment, rows: _Rows) -> dict[str, Gate]:
@@ -279,6 +296,8 @@ def check(exp: Experiment) -> list[str]:
             problems.append(str(e))
     problems += _fewshot_problems(exp)
     if not problems:
+        problems += tokenizer_problems(exp)
+    if not problems:
         try:
             expand(exp)
         except UserError as e:
@@ -295,3 +314,45 @@ def _fewshot_problems(exp: Experiment) -> list[str]:
     if "few_shot_cot" not in styles:
         return []
     return tasks.fewshot_problems([t.name for t in exp.tasks], exp.data_dir)
+
+
+def tokenizer_problems(exp: Experiment) -> list[str]:
+    """With kd or on_policy in train.methods: every teacher and student must share a tokenizer
+    (the losses compare next-token distributions id by id), and kd's top_k must fit in it."""
+    if not {"kd", "on_policy"} & set(exp.train.methods):
+        return []
+    student = exp.students[0]
+    ref, problems = vocab(student), []
+    for m in (*exp.teachers, *exp.students[1:]):
+        mine = vocab(m)
+        if mine != ref:
+            differ = sorted(set(mine.items()) ^ set(ref.items()))[:3]
+            problems.append(
+                f"train.methods: kd and on_policy compare the teacher's and the student's "
+                f"next-token distributions id by id, so every teacher and student must share one "
+                f"tokenizer; {m.name} ({len(mine)} tokens) and {student.name} ({len(ref)} tokens) "
+                f"do not (e.g. {differ}). Use models of one family, or keep only sft in "
+                f"train.methods."
+            )
+    if "kd" in exp.train.methods and exp.train.kd.top_k > len(ref):
+        problems.append(
+            f"train.kd.top_k: {exp.train.kd.top_k} is more than the {len(ref)} tokens of the "
+            f"tokenizer; give at most {len(ref)} (all of it: kd on the full distribution)."
+        )
+    return problems
+
+
+def vocab(m: Any) -> dict[str, int]:
+    """A model's vocabulary (token -> id, added tokens included): from its tokenizer.json through
+    `tokenizers` (no transformers import: `validate` stays fast), else through transformers."""
+    from pathlib import Path
+
+    path = Path(models.resolve(m)) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path)).get_vocab(with_added_tokens=True)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path.parent, trust_remote_code=m.trust_remote_code)
+    return tok.get_vocab()

@@ -118,12 +118,26 @@ def work_by_model(exp: Experiment, cells: list[Cell]) -> dict[tuple[str, str], d
             own = c.train  # type: ignore[attr-defined]
             steps = train_steps(exp, c, sizes)
             tokens = steps * _batch(own) * exp.train.max_length
+            if c.method == "on_policy":  # type: ignore[attr-defined]
+                _on_policy_work(exp, c, tokens, steps * _batch(own), out)
         else:
             continue
         work = out.setdefault((stage, c.model), {"tokens": 0, "steps": 0})
         work["tokens"] += tokens
         work["steps"] += steps
     return out
+
+
+def _on_policy_work(
+    exp: Experiment, cell: Cell, tokens: int, examples: int, out: dict[tuple[str, str], dict]
+) -> None:
+    """An on_policy adapter's extra work: the student's samples (generation, upper bound) and the
+    teacher's forward passes (a third of training's cost a token: forward only)."""
+    cfg = exp.train.on_policy
+    sampled = int(examples * (1 - cfg.teacher_share) * cfg.max_new_tokens)
+    out.setdefault(("generate", cell.model), {"tokens": 0, "steps": 0})["tokens"] += sampled
+    teacher = out.setdefault(("train", cell.teacher), {"tokens": 0, "steps": 0})  # type: ignore[attr-defined]
+    teacher["tokens"] += tokens // 3
 
 
 def _batch(cfg: Any) -> int:

@@ -11,7 +11,9 @@ the common fields, and how it selects the examples. All regime logic lives here.
                   named by MIX_TEACHER
 
 How adapters of different regimes are compared is the training budget (`train.budget.align`):
-`row_regime` names a row by regime and alignment (`mix`, `mix@updates`).
+`row_regime` names a row by regime, alignment and distillation method (`mix`, `mix@updates`,
+`per_teacher+kd`; sft, the default method, adds nothing), so that every analysis grouped by row
+regime is per method.
 
 A trace is usable when it is correct and finished; an example is a usable trace rendered for the
 student that fits `train.max_length` (over-long ones are dropped, never truncated). With
@@ -55,9 +57,16 @@ def key_fields(regime: str, train: Any, traces: dict[str, str] | None = None) ->
     return fields
 
 
-def row_regime(regime: str, align: str) -> str:
-    """A distilled row's regime: the set's regime, and the budget alignment unless none."""
-    return regime if align == "none" else f"{regime}@{align}"
+def row_regime(regime: str, align: str, method: str = "sft") -> str:
+    """A distilled row's regime: the set's regime, the budget alignment unless none, and the
+    distillation method unless sft."""
+    name = regime if align == "none" else f"{regime}@{align}"
+    return name if method == "sft" else f"{name}+{method}"
+
+
+def method_of(row: str) -> str:
+    """The distillation method of a row regime (`row_regime`'s inverse for the method)."""
+    return row.rsplit("+", 1)[1] if "+" in row else "sft"
 
 
 def aligned(train: Any, regime: str, align: str) -> bool:
@@ -72,7 +81,11 @@ def aligned(train: Any, regime: str, align: str) -> bool:
 def row_regimes(train: Any) -> list[str]:
     """Every row regime of a training config, in report order."""
     return [
-        row_regime(r, a) for a in train.budget.align for r in train.regimes if aligned(train, r, a)
+        row_regime(r, a, m)
+        for m in train.methods
+        for a in train.budget.align
+        for r in train.regimes
+        if aligned(train, r, a)
     ]
 
 

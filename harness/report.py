@@ -44,6 +44,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _answers(result),
         _evidence(result),
         _capacity_gap(result),
+        _methods(result),
         _degraded(result),
         _delta_large(result),
         _regimes(result),
@@ -348,6 +349,54 @@ def _capacity_gap(r: dict[str, Any]) -> str:
             )
         parts.append(line + "; ".join(tests) + ".")
     return "\n\n".join(parts)
+
+
+def _methods(r: dict[str, Any]) -> str:
+    """The capacity gap per distillation method, with each method's extra cost; only where the
+    grid has more than one method (train.methods)."""
+    from harness.regimes import method_of
+
+    if len({method_of(reg) for reg in r["overall"]}) < 2:
+        return ""
+    cost: dict[str, dict[str, float]] = {}
+    for b in r.get("adapter_budgets", []):
+        c = cost.setdefault(b["regime"], {})
+        for k, v in (b.get("extra_cost") or {}).items():
+            if isinstance(v, (int, float)):
+                c[k] = c.get(k, 0) + v
+    rows = []
+    for reg, o in r["overall"].items():
+        cg, c = o["capacity_gap"]["gain~teacher_acc"], cost.get(reg, {})
+        rows.append(
+            [method_of(reg), reg, f"{o['n_decided']}/{o['n_groups']}", spts(o["mean_gain"]),
+             _perm(cg), f"{o['n_strongest_in_best_set']}/{o['n_decided']}",
+             c.get("teacher_forward_tokens", 0), c.get("student_sampled_tokens", 0),
+             f"{c.get('teacher_s', 0) + c.get('sampling_s', 0):.1f}"]
+        )  # fmt: skip
+    header = ["method", "regime", "groups decided", "mean gain", "gain vs teacher accuracy",
+              "strongest in best set", "teacher forward tokens", "student sampled tokens",
+              "extra device-s"]  # fmt: skip
+    return (
+        "## Capacity gap per method\n\nThe same teachers, students and training sets, distilled "
+        "by each method of `train.methods`: sft (the teacher's traces), kd (plus its top-k "
+        "next-token distribution), on_policy (the student's own samples scored by the teacher). Per method: the share of "
+        "groups decided, the mean gain, the teacher-level test of gain against teacher accuracy, "
+        "how often the strongest teacher is in the best set, and what the method cost beyond "
+        "training (summed over its adapters).\n\n" + md_table(header, rows) + _topk_size(r)
+    )
+
+
+def _topk_size(r: dict[str, Any]) -> str:
+    topk = r.get("teacher_topk") or []
+    if not topk:
+        return ""
+    size, tokens = sum(t["bytes"] for t in topk), sum(t["tokens"] or 0 for t in topk)
+    return (
+        f"\n\nkd trains from the teachers' top-{topk[0]['k']} log-probabilities, captured while "
+        f"their traces were generated and stored with them: {size / 2**20:.2f} MiB over "
+        f"{len(topk)} traces cell(s), {tokens} generated tokens ({size / max(tokens, 1):.0f} "
+        "bytes a token); training never loads a teacher for kd."
+    )
 
 
 def _perm(t: dict[str, Any]) -> str:

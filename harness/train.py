@@ -42,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import devices, models
+from harness import devices, distill, models
 from harness.cells import TRAIN_PACKAGES, Adapter
 from harness.config import Experiment, TrainConfig
 from harness.costs import CHUNK_BYTES, checkpointing
@@ -180,7 +180,32 @@ def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
         "checkpoint_seconds": exp.train.checkpoint_seconds,
         "cell": {"root": str(store.root.resolve()), "key": c.key, "upstream": c.upstream},
         "n_dropped_overlong": dataset["n_dropped_overlong"],
+        **_method_job(exp, store, c),
     }
+
+
+def _method_job(exp: Experiment, store: Store, c: Adapter) -> dict[str, Any]:
+    """What the distillation method needs: kd, the teacher's top-k files (by traces key, and the
+    key of the set's own teacher: a mix example names its own `source`); on_policy, the teacher."""
+    method = c.config.get("method") or {"name": "sft"}
+    out: dict[str, Any] = {"method": method}
+    if method["name"] == "kd":
+        from harness.cells import Traces, model_identities
+
+        traces = store.manifest("dataset", c.upstream[0])["upstream"]
+        paths = {k: str((store.cell_dir("traces", k) / distill.TOPK).resolve()) for k in traces}
+        own = None
+        if c.teacher in {t.name for t in exp.teachers}:
+            ident = model_identities(exp)[c.teacher]
+            own = Traces.of(exp, ident, c.teacher, c.task, c.trace_seed).key
+        out["topk"] = {"own": own, "paths": paths}
+    if method["name"] == "on_policy":
+        teacher = exp.model(c.teacher)
+        out["teacher"] = {
+            "model_dir": str(Path(models.resolve(teacher)).resolve()),
+            "trust_remote_code": teacher.trust_remote_code,
+        }
+    return out
 
 
 def _run_workers(commands: list[list[str]], threads: int | None) -> int:
@@ -345,6 +370,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     model, optimizer, scheduler = acc.prepare(*_model_and_optimizer(job, cfg, total))
     _checkpoint_trainable_only(acc)
     progress = _resume(acc, cell_dir)
+    method = _method(job, acc, model, tok, records, data, cfg, progress)
     log = _open_log(acc, cell_dir, progress["step"])
     lengths = [len(ids) for ids, _ in data]
     start = progress["step"] * ga * world
@@ -362,9 +388,17 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
         for step in range(progress["step"] + 1, total + 1):
             if owner_pid and not psutil.pid_exists(owner_pid):
                 sys.exit(f"the cotgap process {owner_pid} that started this worker is gone.")
-            batches = [collate(data, next(stream), pad) for _ in range(ga)]
+            first = (step - 1) * ga * world + acc.process_index  # global micro-batch positions
+            before = dict(method["extra"])
+            batches = [
+                _micro_batch(method, model, data, next(stream), pad, first + j * world)
+                for j in range(ga)
+            ]
             lr = optimizer.param_groups[0]["lr"]
-            loss, counts = _step(acc, model, optimizer, scheduler, batches, cfg.max_grad_norm)
+            loss, counts = _step(
+                acc, model, optimizer, scheduler, batches, cfg.max_grad_norm, method
+            )
+            _sum_extra_over_ranks(acc, method["extra"], before)
             progress["step"], progress["elapsed"] = step, round(time.perf_counter() - began, 3)
             progress["tokens"] += int(counts[1])
             progress["positions"] += int(counts[2])
@@ -382,6 +416,7 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
     if log:
         log.close()
         summary = _summary(cell_dir, cfg, progress, len(data), world)
+        summary["distillation"] = _method_summary(method)
         atomic_write_json(cell_dir / "summary.json", summary)
         if "cell" in job:
             _complete(cell_dir, job, summary, started)
@@ -551,6 +586,176 @@ def completion_ce(acc: Any, model: Any, batch: dict) -> torch.Tensor:
         return linear_cross_entropy(hidden, head, targets[keep], chunk)
 
 
+# --- distillation methods (harness/distill.py): their data and losses ---------------------------
+
+
+def _method(
+    job: dict, acc: Any, model: Any, tok: Any, records: list, data: list, cfg: TrainConfig,
+    progress: dict,
+) -> dict[str, Any]:  # fmt: skip
+    """The method's state in the worker: its settings, kd's per-example teacher top-k, the
+    on_policy teacher, and its extra cost (in `progress`, so a resumed run counts on)."""
+    settings = job.get("method") or {"name": "sft"}
+    out: dict[str, Any] = {**settings, "seed": job["seed"]}
+    out["extra"] = progress.setdefault("extra", _no_extra(settings["name"]))
+    vocab = acc.unwrap_model(model).get_output_embeddings().weight.shape[0]
+    if settings["name"] == "kd":
+        files = {k: distill.TopK(Path(p)) for k, p in job["topk"]["paths"].items()}
+        own = job["topk"]["own"]
+        out["kd"] = [
+            distill.align_topk(seq, n, files[r.get("source") or own].get(r["id"], r["sample"]))
+            for r, (seq, n) in zip(records, data, strict=True)
+        ]
+        out["full"] = all(f.k >= vocab for f in files.values())
+        out["extra"]["kd_positions"] = sum(n for *_, n in out["kd"])
+    if settings["name"] == "on_policy":
+        from transformers import AutoModelForCausalLM
+
+        t = job["teacher"]
+        dtype = (
+            torch.bfloat16 if _precision(cfg) == "bf16" else torch.float32
+        )  # frozen: as LoRA's base
+        teacher = AutoModelForCausalLM.from_pretrained(
+            t["model_dir"], dtype=dtype, trust_remote_code=t["trust_remote_code"]
+        )
+        out["teacher"] = teacher.to(acc.device).eval().requires_grad_(False)
+        eos = acc.unwrap_model(model).generation_config.eos_token_id
+        out["eos"] = sorted({*([eos] if isinstance(eos, int) else eos or []), tok.eos_token_id})
+        out["max_length"] = cfg.max_length
+    return out
+
+
+def _sum_extra_over_ranks(acc: Any, extra: dict[str, Any], before: dict[str, Any]) -> None:
+    """Every rank's share of this step's extra cost added on every rank (a collective), so the
+    counters rank 0 checkpoints and reports are the whole run's."""
+    keys = [k for k in sorted(extra) if k != "kd_positions"]  # kd's: the same set on each rank
+    if acc.num_processes == 1 or not keys:
+        return
+    step = torch.tensor([extra[k] - before[k] for k in keys], dtype=torch.float64)
+    total = acc.reduce(step.to(acc.device), "sum").tolist()
+    for k, v in zip(keys, total, strict=True):
+        extra[k] = before[k] + (round(v) if isinstance(before[k], int) else v)
+
+
+def _method_summary(method: dict) -> dict[str, Any]:
+    """The method and its extra cost, for the adapter's summary (device-seconds rounded)."""
+    extra = {k: round(v, 3) if isinstance(v, float) else v for k, v in method["extra"].items()}
+    return {"method": method["name"], **extra}
+
+
+def _no_extra(name: str) -> dict[str, Any]:
+    """A method's extra cost before training: teacher forward tokens and device-seconds,
+    student-sampled tokens and device-seconds, micro-batches on student samples or teacher data."""
+    if name != "on_policy":
+        return {}
+    return {
+        "teacher_forward_tokens": 0,
+        "teacher_s": 0.0,
+        "student_sampled_tokens": 0,
+        "sampling_s": 0.0,
+        "student_batches": 0,
+        "teacher_batches": 0,
+    }
+
+
+def _micro_batch(
+    method: dict | None, model: Any, data: list, indices: list[int], pad: int, position: int
+) -> dict:
+    """A micro-batch of the method: sft, the examples; kd, with the teacher's top-k at each
+    target; on_policy, the student's own samples of the prompts (or, for the teacher_share of
+    micro-batches, the teacher's traces)."""
+    name = (method or {}).get("name", "sft")
+    if name == "on_policy":
+        if distill.uses_teacher_data(method["seed"], position, method["teacher_share"]):
+            method["extra"]["teacher_batches"] += 1
+        else:
+            data, indices = _student_samples(method, model, data, indices, pad, position)
+    batch = collate(data, indices, pad)
+    if name == "kd":
+        batch.update(_kd_columns(method["kd"], data, indices, batch["input_ids"].shape[1]))
+    return batch
+
+
+def _student_samples(
+    method: dict, model: Any, data: list, indices: list[int], pad: int, position: int
+) -> tuple[list, list[int]]:
+    """The prompts of `indices` with the student's sampled completions, as new examples."""
+    from accelerate.utils import extract_model_from_parallel
+
+    prompts = [data[i][0][: data[i][1]] for i in indices]
+    room = [min(method["max_new_tokens"], method["max_length"] - len(p)) for p in prompts]
+    seeds = distill.row_seeds(method["seed"], position, len(prompts))
+    t0 = time.perf_counter()
+    student = extract_model_from_parallel(model)
+    completions = distill.sample(
+        student, prompts, seeds, method["temperature"], room, method["eos"], pad
+    )
+    method["extra"]["sampling_s"] += time.perf_counter() - t0
+    method["extra"]["student_sampled_tokens"] += sum(map(len, completions))
+    method["extra"]["student_batches"] += 1
+    sampled = [([*p, *c], len(p)) for p, c in zip(prompts, completions, strict=True)]
+    return sampled, list(range(len(sampled)))
+
+
+def _kd_columns(kd: list, data: list, indices: list[int], width: int) -> dict:
+    """The teacher's top-k ids and log-probabilities at each target position of a micro-batch
+    (position t predicts token t + 1), and where they are known (`kd_valid`)."""
+    k = max((a.shape[1] for a, _, n in kd if n), default=1)
+    ids = torch.zeros((len(indices), width, k), dtype=torch.long)
+    lps = torch.zeros((len(indices), width, k), dtype=torch.float32)
+    valid = torch.zeros((len(indices), width), dtype=torch.bool)
+    for row, i in enumerate(indices):
+        top_ids, top_lps, n = kd[i]
+        start = data[i][1] - 1
+        ids[row, start : start + n] = torch.from_numpy(top_ids.astype("int64"))
+        lps[row, start : start + n] = torch.from_numpy(top_lps.copy())
+        valid[row, start : start + n] = True
+    return {"kd_ids": ids, "kd_logprobs": lps, "kd_valid": valid}
+
+
+def completion_loss(acc: Any, model: Any, batch: dict, method: dict | None) -> torch.Tensor:
+    """The micro-batch's summed loss over its completion tokens under the method: sft, the
+    cross-entropy (`completion_ce`); kd, CE mixed with the top-k forward KL; on_policy, the
+    generalized JSD against the teacher, which scores the same tokens here."""
+    name = (method or {}).get("name", "sft")
+    if name == "sft":
+        return completion_ce(acc, model, batch)
+    targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)
+    keep = targets != -100
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    hidden, head = _hidden(acc, model, inputs, keep)
+    chunk = max(1, CHUNK_BYTES // (8 * head.weight.shape[0]))
+    if name == "kd":
+        w, full = method["weight"], method["full"]
+        rows = (hidden, targets[keep], *(batch[c][keep] for c in ("kd_ids", "kd_logprobs")))
+
+        def fn(h: torch.Tensor, t: torch.Tensor, i: torch.Tensor, lp: torch.Tensor, v: Any):
+            return distill.kd_sum(head(h), t, i, lp, v, w, full)
+
+        with acc.autocast():
+            return distill.chunked_sum(fn, chunk, *rows, batch["kd_valid"][keep])
+    t0 = time.perf_counter()
+    teacher = method["teacher"]
+    with torch.no_grad():
+        t_hidden, t_head = _hidden(acc, teacher, inputs, keep)
+    method["extra"]["teacher_s"] += time.perf_counter() - t0
+    method["extra"]["teacher_forward_tokens"] += int(batch["attention_mask"].sum())
+    beta = distill.on_policy_beta(method)
+
+    def jsd(h: torch.Tensor, th: torch.Tensor) -> torch.Tensor:
+        return distill.jsd_sum(head(h), t_head(th), beta)
+
+    with acc.autocast():
+        return distill.chunked_sum(jsd, chunk, hidden, t_hidden)
+
+
+def _hidden(acc: Any, model: Any, inputs: dict, keep: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """The last hidden states at the `keep` positions (no logits computed) and the output layer."""
+    out = model(**inputs, output_hidden_states=True, logits_to_keep=_NO_LOGITS.to(acc.device))
+    head = acc.unwrap_model(model).get_output_embeddings()
+    return out.hidden_states[-1][keep], head
+
+
 def _chunked_loss(acc: Any, model: Any) -> bool:
     import inspect
 
@@ -562,7 +767,13 @@ def _chunked_loss(acc: Any, model: Any) -> bool:
 
 
 def _step(
-    acc: Any, model: Any, optimizer: Any, scheduler: Any, batches: list[dict], clip: float
+    acc: Any,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    batches: list[dict],
+    clip: float,
+    method: dict | None = None,
 ) -> tuple:
     """One optimizer step. The loss is the mean over every completion token of the effective batch,
     whichever micro-batch or process it sits in (a mean of micro-batch means would weight short
@@ -578,7 +789,7 @@ def _step(
     for b in batches:
         b = {k: v.to(acc.device) for k, v in b.items()}
         with acc.accumulate(model):
-            ce = completion_ce(acc, model, b)
+            ce = completion_loss(acc, model, b, method)
             acc.backward(ce * scale)
             ce_sum += ce.detach()
     acc.clip_grad_norm_(model.parameters(), clip)

@@ -239,3 +239,38 @@ def test_the_train_stage_counts_each_adapters_budget_from_its_datasets(tmp_path)
     for align in ("updates", "examples", "tokens"):  # the reference set's own adapter: itself
         assert plans["t-small", f"per_teacher@{align}"] == plans["t-small", "per_teacher"]
     assert plans["t-large", "per_teacher@updates"]["updates"] == 20
+
+
+def test_budget_alignment_is_the_same_for_every_distillation_method(tmp_path):
+    """kd and on_policy adapters train on the same sets as sft: aligned to updates, examples or
+    tokens of the reference, each plans exactly the budget of its sft counterpart (and a method
+    adds nothing to the reference, the sft per_teacher set of `reference`)."""
+    from harness.store import Store
+    from harness.train import plan_budget
+
+    exp = experiment(
+        tmp_path,
+        methods=["sft", "kd", "on_policy"],
+        budget={"align": ["none", "updates", "examples", "tokens"], "reference": "t-small"},
+        per_device_batch_size=2,
+    )
+    grid, store = expand(exp), Store(exp.root)
+    rng = random.Random(1)
+    for d in {r.dataset.key: r.dataset for r in grid.distilled.values()}.values():
+        n = {"t-small": 40, "t-large": 25}[d.teacher]
+        with store.open_cell("dataset", d.key, d.config, d.upstream) as out:
+            out.write_text(
+                "examples.jsonl",
+                "".join(f'{{"id": "{i}", "n_tokens": {rng.randint(30, 90)}}}\n' for i in range(n)),
+            )
+            out.finish({"n_examples": n})
+    plans = {
+        (t, r): plan_budget(exp, store, d.adapter)
+        for (_, _, t, r, _, _), d in grid.distilled.items()
+    }
+    methods = {regimes.method_of(r) for _, r in plans}
+    assert methods == {"sft", "kd", "on_policy"} and len(plans) == 2 * 4 * 3
+    for (t, r), plan in plans.items():
+        sft = r.split("+")[0]
+        assert plan == plans[t, sft], (t, r)
+    assert plans["t-large", "per_teacher@tokens+on_policy"]["align"] == "tokens"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -693,3 +694,74 @@ def test_an_interrupted_worker_leaves_no_half_written_folder(
         "checkpoints",
         "checkpoints/step-5",
     ]
+
+
+# --- on-policy distillation ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def on_policy(toy: tuple) -> tuple[Experiment, Cell, Path, dict]:
+    """The toy set distilled on-policy (the student samples, the tiny model as teacher scores;
+    half the micro-batches on the teacher's traces), uninterrupted."""
+    exp, store, _ = toy
+    tr = exp.train.model_copy(
+        update={
+            "methods": ("on_policy",),
+            "max_steps": 12,
+            "checkpoint_every": 4,
+            "on_policy": exp.train.on_policy.model_copy(
+                update={"max_new_tokens": 16, "teacher_share": 0.5}
+            ),
+        }
+    )
+    opd = exp.model_copy(update={"train": tr})
+    (cell,) = grids.expand(opd).select(kind="adapter")
+    assert cell.method == "on_policy" and cell.regime == "per_teacher+on_policy"
+    summary = train.run(opd, store, [cell])[cell.key]
+    return opd, cell, store.cell_dir("adapter", cell.key), summary
+
+
+def test_on_policy_samples_and_counts_its_extra_cost(on_policy: tuple) -> None:
+    _, _, _, s = on_policy
+    d = s["distillation"]
+    assert d["method"] == "on_policy" and s["steps"] == 12 and math.isfinite(s["final_loss"])
+    assert d["student_batches"] + d["teacher_batches"] == 12 * 2  # micro-batches
+    assert d["student_batches"] > 0 and d["teacher_batches"] > 0
+    assert d["student_sampled_tokens"] > 0 and d["teacher_forward_tokens"] >= s["tokens"]
+    assert d["sampling_s"] > 0 and d["teacher_s"] > 0
+
+
+def test_on_policy_resume_after_sigkill_is_byte_identical(toy: tuple, on_policy: tuple) -> None:
+    """Killed after its first checkpoint, resumed: the student samples the same completions
+    (seeded by run seed and micro-batch position), so the adapter's files are byte-identical to
+    the uninterrupted run's."""
+    _, store, _ = toy
+    opd, adapter, done_dir, done = on_policy
+    cell = dataclasses.replace(adapter, key="0" * 20)
+    cell_dir = store.cell_dir("adapter", cell.key)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(train.run, opd, store, [cell])
+        _kill_worker_when(lambda: bool(list((cell_dir / "checkpoints").glob("step-*"))), run)
+    summary = train.run(opd, store, [cell])[cell.key]
+    assert summary["resumed_from"] in (4, 8)
+    name = "adapter/adapter_model.safetensors"
+    assert (cell_dir / name).read_bytes() == (done_dir / name).read_bytes()
+    assert summary["final_loss"] == done["final_loss"]
+    keep = ("student_sampled_tokens", "teacher_forward_tokens", "student_batches")
+    assert {k: summary["distillation"][k] for k in keep} == {
+        k: done["distillation"][k] for k in keep
+    }
+
+
+def test_on_policy_on_two_processes_counts_every_rank(toy: tuple, on_policy: tuple) -> None:
+    """Two DDP ranks sample their own micro-batches; the cost rank 0 reports is both ranks'."""
+    _, store, _ = toy
+    opd, adapter, _, _ = on_policy
+    config = {**adapter.config, "train": {**adapter.config["train"], "num_processes": 2}}
+    config["train"]["max_steps"] = 3
+    cell = dataclasses.replace(adapter, key="e" * 20, config=config)
+    summary = train.run(opd, store, [cell])[cell.key]
+    d = summary["distillation"]
+    assert summary["steps"] == 3 and summary["effective_batch"] == 2 * 8 * 2
+    assert d["student_batches"] + d["teacher_batches"] == 3 * 2 * 2  # steps x grad_accum x ranks
+    assert d["teacher_forward_tokens"] == summary["tokens"]

@@ -52,12 +52,19 @@ ENGINES: dict[str, type[Engine]] = {"vllm": VllmEngine, "hf": HFEngine}
 EMIT_EVERY_S = 0.25  # progress messages from the child, at most this often
 
 
-def load(name: str, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2) -> Engine:
+def load(
+    name: str,
+    spec: ModelSpec,
+    lora_rank: int | None = None,
+    max_loras: int = 2,
+    max_logprobs: int = 0,
+) -> Engine:
     """Start engine `name` on a model. `lora_rank`: the largest rank of the adapters it will serve;
-    `max_loras`: how many of them one batch may mix (vLLM; peft serves any)."""
+    `max_loras`: how many of them one batch may mix (vLLM; peft serves any); `max_logprobs`: the
+    most top log-probabilities a request asks for (Sampling.top_logprobs)."""
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras)
+    return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs)
 
 
 # --- the child process ----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class Sampling:
     seed: int = 0
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    top_logprobs: int = 0  # > 0: each sample keeps the k most likely tokens of every position
 
     @classmethod
     def from_config(cls, cfg: Any) -> Sampling:
@@ -76,6 +77,9 @@ class Sample:
     prompt_tokens: int
     finish_reason: FinishReason
     logprob: float | None = None  # cumulative log-probability of token_ids, when asked for
+    # with Sampling.top_logprobs k: per generated token, the model's k most likely token ids and
+    # their log-probabilities (of the raw distribution, before temperature), most likely first
+    top: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] | None = None
 
     @property
     def completion_tokens(self) -> int:

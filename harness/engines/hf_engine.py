@@ -88,8 +88,15 @@ class HFEngine(Engine):
     name = "hf"
     packages = ("torch", "transformers", "peft")
 
-    def __init__(self, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2):
-        """`lora_rank` and `max_loras` are vLLM's; peft serves any adapter without them."""
+    def __init__(
+        self,
+        spec: ModelSpec,
+        lora_rank: int | None = None,
+        max_loras: int = 2,
+        max_logprobs: int = 0,
+    ):
+        """`lora_rank`, `max_loras` and `max_logprobs` are vLLM's; peft serves any adapter and
+        any number of log-probabilities without them."""
         super().__init__(spec)
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -194,11 +201,11 @@ class HFEngine(Engine):
                 logits_processor=processors,
                 stopping_criteria=criteria,
                 return_dict_in_generate=True,
-                output_logits=sampling.logprobs,
+                output_logits=sampling.logprobs or sampling.top_logprobs > 0,
             )
         generated = out.sequences[:, width:].tolist()
         logprobs = None
-        if sampling.logprobs:
+        if sampling.logprobs or sampling.top_logprobs:
             logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
         return [
             self._sample(row, ids, len(prompts[row]), sampling, logprobs)
@@ -219,10 +226,15 @@ class HFEngine(Engine):
             ids, text, finish = body, text[:cut], "stop"
         elif eos_at is not None:
             ids, finish = ids[: eos_at + 1], "stop"
-        logprob = None
-        if logprobs is not None:
+        logprob, top = None, None
+        if logprobs is not None and sampling.logprobs:
             logprob = float(sum(logprobs[row, j, t] for j, t in enumerate(ids)))
-        return Sample(text, tuple(ids), prompt_tokens, finish, logprob)
+        if sampling.top_logprobs:
+            values, indices = logprobs[row, : len(ids)].topk(sampling.top_logprobs, dim=-1)
+            top = tuple(
+                (tuple(i), tuple(v)) for i, v in zip(indices.tolist(), values.tolist(), strict=True)
+            )
+        return Sample(text, tuple(ids), prompt_tokens, finish, logprob, top)
 
     def _tokens_until_stop(self, ids: list[int], stop: Sequence[str]) -> int:
         """The fewest leading tokens whose text holds a stop string (the token that completed it)."""

