@@ -18,7 +18,7 @@ method of moments of the balanced two-way (replicates x items) layout, (MS_rep -
 kept signed; the item part already holds the item-by-replicate noise, so nothing is counted
 twice: the sum is the textbook variance of a grand mean in a crossed random-effects design
 (items, replicates, residual). The mean squares are pooled over the group's teachers unless
-Bartlett's test says their spreads differ (`replicate_source` has the reason).
+Bartlett's test says their spreads differ (`_total` has the reason).
 
 Near 0% and 100% a Wald interval collapses (an accuracy of 1/50 has an item variance estimate of
 almost nothing), so the item part is taken after the Bonett-Price adjustment: one pseudo-item
@@ -111,7 +111,7 @@ class Pooled:
 
 def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
     """Pool the mean squares of the arms with at least 2 replicates, each (..., R_t, n), with
-    Bartlett's test of equal MS_rep across them (see `replicate_source`)."""
+    Bartlett's test of equal MS_rep across them (see `_total`)."""
     rep = [np.asarray(u, dtype=float) for u in arms_units if u.shape[-2] > 1]
     if not rep:
         return None
@@ -242,29 +242,7 @@ def contrast(
 def _total(
     parts: list[tuple[Any, Any]], rep_units: Sequence[np.ndarray], pooled: Pooled | None
 ) -> tuple[Any, Any]:
-    """(variance, Satterthwaite df) of the item part plus the replicated arms' parts."""
-    sep, pooled_weight = list(parts), 0.0
-    uses_pool = []
-    for units in rep_units:
-        own, weight, n = pool([units]), 1 / units.shape[-2], units.shape[-1]
-        chosen, from_pool = replicate_source(own, pooled)
-        sep += replicate_parts(chosen, weight, n)
-        uses_pool.append(from_pool)
-        pooled_weight += weight
-    var, df = np.maximum(sum(v for v, _ in sep), 0.0), satterthwaite(sep)
-    if len(rep_units) == 2 and pooled is not None:
-        # both arms on the group's estimate: one component, not two independent ones
-        n = rep_units[0].shape[-1]
-        merged = list(parts) + replicate_parts(pooled, pooled_weight, n)
-        both = uses_pool[0] & uses_pool[1]
-        var = np.where(both, np.maximum(sum(v for v, _ in merged), 0.0), var)
-        df = np.where(both, satterthwaite(merged), df)
-    return var, df
-
-
-def replicate_source(own: Pooled, pooled: Pooled | None) -> tuple[Pooled, Any]:
-    """The mean squares an arm's replicate part comes from, and whether they are the group's
-    pooled ones (elementwise).
+    """(variance, Satterthwaite df) of the item part plus the replicated arms' parts.
 
     Pooling the teachers of a group (same student, task and regime) gives the between-replicate
     variance sum(R_t - 1) degrees of freedom instead of R - 1: a 2-df estimate from three
@@ -273,26 +251,28 @@ def replicate_source(own: Pooled, pooled: Pooled | None) -> tuple[Pooled, Any]:
     assumes one replicate variance for the group, so it is checked first (Bartlett's test of
     the arms' MS_rep): where the spreads differ, every arm keeps its own estimate, and a teacher
     whose replicates disagree is never made to look as steady as its neighbours, nor a steady
-    one as erratic."""
-    if pooled is None:
-        return own, np.zeros(np.shape(own.ms_rep), dtype=bool)
-    use = np.asarray(pooled.homogeneous, dtype=bool)
-    chosen = Pooled(
-        np.where(use, pooled.ms_rep, own.ms_rep),
-        np.where(use, pooled.ms_res, own.ms_res),
-        np.where(use, pooled.df_rep, own.df_rep),
-        np.where(use, pooled.df_res, own.df_res),
-    )
-    return chosen, use
+    one as erratic.
+
+    Arms on the pooled estimate share one component (their weights summed), not one each: they
+    are one estimate, not independent ones. Elementwise over the simulations' leading axes."""
+    out = list(parts)
+    use = np.asarray(False if pooled is None else pooled.homogeneous, dtype=bool)
+    if pooled is not None and rep_units:
+        weight = sum(1 / u.shape[-2] for u in rep_units) * use
+        out += replicate_parts(pooled, weight, rep_units[0].shape[-1])
+    for units in rep_units:
+        own = pool([units])
+        out += replicate_parts(own, (1 / units.shape[-2]) * ~use, units.shape[-1])
+    return np.maximum(sum(v for v, _ in out), 0.0), satterthwaite(out)
 
 
-def replicate_parts(pooled: Pooled | None, weight: float, n: int) -> list[tuple[Any, Any]]:
+def replicate_parts(pooled: Pooled | None, weight: Any, n: int) -> list[tuple[Any, Any]]:
     """weight * s2_rep as two signed variance components, weight * MS_rep / n and
-    -weight * MS_res / n, with their degrees of freedom (weight: 1/R, or the sum of 1/R of two
-    arms sharing one estimate). Kept signed: truncating an estimate from a few replicates at 0
+    -weight * MS_res / n, with their degrees of freedom (weight: 1/R, or the sum of 1/R of the
+    arms sharing one estimate; 0 where it is not the one used). Kept signed: truncating an estimate from a few replicates at 0
     biases the variance up, and the interval over-covers; the Satterthwaite degrees of freedom
     of the whole sum account for the negative part."""
-    if pooled is None or weight == 0:
+    if pooled is None or np.all(np.asarray(weight) == 0):
         return []
     return [
         (weight * pooled.ms_rep / n, pooled.df_rep),

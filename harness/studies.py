@@ -547,8 +547,9 @@ def interaction_contrast(
     four = [_arm(ref[a]), _arm(ref[b]), _arm(other[a]), _arm(other[b])]
     items = [x.units.mean(axis=0) for x in four]
     d = items[0] - items[1] - items[2] + items[3]
-    reps = [x.units.mean(axis=1) for x in four if x.n_replicates > 1]
-    centre, se, df, half = (float(v) for v in inference.contrast(d, reps, level))
+    reps = [x.units for x in four if x.n_replicates > 1]
+    pooled = inference.pool(reps)
+    centre, se, df, half = (float(v) for v in inference.contrast(d, reps, pooled, level))
     point = float(d.mean())
     return inference.Estimate(point, min(centre - half, point), max(centre + half, point), level,
                               se, df)  # fmt: skip
