@@ -70,6 +70,23 @@ Force = Annotated[bool, typer.Option("--force", help="replace an existing --out 
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
 ]
+IncludePath = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--include-path",
+        help="a folder of your own task YAMLs, searched before the built-in tasks (repeatable)",
+    ),
+]
+
+
+def _include(paths: list[Path] | None) -> None:
+    """Add --include-path folders to the task search path (COTGAP_TASK_PATH, so workers too)."""
+    from harness.config import include_task_paths
+
+    for p in paths or []:
+        if not p.is_dir():
+            raise UserError(f"--include-path {p}: no such folder; give a folder of task YAMLs.")
+    include_task_paths(paths or [])
 
 
 def _version(value: bool) -> None:
@@ -124,8 +141,10 @@ def _load(config: Path, runnable: bool = False):
 @app.command()
 def validate(
     configs: Annotated[list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")],
+    include_path: IncludePath = None,
 ) -> None:
     """Check experiment YAML files: every error at once, with file, key path and suggestion."""
+    _include(include_path)
     errors = []
     for path in configs:
         try:
@@ -146,10 +165,11 @@ def validate(
 
 
 @ls_app.command("tasks")
-def ls_tasks() -> None:
+def ls_tasks(include_path: IncludePath = None) -> None:
     """Every task with its version, splits, sizes and answer type."""
     from rich.table import Table
 
+    _include(include_path)
     from harness import tasks
 
     table = Table("task", "version", "answer type", "extractor", "splits")
@@ -211,11 +231,13 @@ def plan_cmd(
     every_cell: Annotated[
         bool, typer.Option("--all", help="list every cell, also in large grids")
     ] = False,
+    include_path: IncludePath = None,
 ) -> None:
     """Show the cells of an experiment, which exist, which would run, and the work estimate."""
     from harness import plan
     from harness.store import Store
 
+    _include(include_path)
     exp = _load(config, runnable=True)
     plan.show(exp, Store(exp.root), every_cell=every_cell)
 
@@ -229,12 +251,14 @@ def run(
     ] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Run every missing cell of an experiment, then analyse it."""
     from harness import plan
     from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
+    _include(include_path)
     exp = _load(config, runnable=True)
     _say_engine(exp)
     options = RunOptions(parse_only(only), executor or exp.executor, address)
@@ -372,6 +396,131 @@ def evaluate(
         _console().print(f"eval cells: {', '.join(keys)}")
         return
     _stage(config, "evaluate", wait, model=model, task=task)
+
+
+ResultsDir = Annotated[
+    Path,
+    typer.Option(
+        help="the results folder the cells go to: <results_dir>/<name> of a grid sharing them"
+    ),
+]
+MaxTokens = Annotated[int, typer.Option(help="max new tokens of a completion")]
+Dtype = Annotated[str, typer.Option(help="model dtype (auto, float32, bfloat16, ...)")]
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {text}: give integers separated by commas, e.g. 0,1,2.") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text}: give one or more distinct integers, e.g. 0,1,2.")
+    return seeds
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="a local folder, hub id, sandbox:<zoo model> or gguf:<file>", metavar="MODEL"
+        ),
+    ],
+    tasks: Annotated[str, typer.Option(help="task names, comma-separated (`cotgap ls tasks`)")],
+    limit: Annotated[int | None, typer.Option(help="first N test items of each task")] = None,
+    results_dir: ResultsDir = Path("results/quick"),
+    max_tokens: MaxTokens = 512,
+    dtype: Dtype = "auto",
+    include_path: IncludePath = None,
+) -> None:
+    """Evaluate one model on named tasks without a YAML: accuracy with its 95% interval per task.
+    The eval cells are the grid's own: a grid with the same model, task limit and eval settings
+    in the same results folder reuses them."""
+    from rich.table import Table
+
+    from harness import quick
+
+    _include(include_path)
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    settings = quick.Settings(max_tokens=max_tokens, dtype=dtype)
+    exp = quick.experiment([model], [model], names, limit, results_dir, settings)
+    _STATE["results"] = exp.root
+    _say_engine(exp)
+    rows, counts = quick.evaluate(exp, log=_log)
+    table = Table("task", "model", "items", "accuracy % [95% interval]", "cell")
+    for r in rows:
+        acc = f"{_pct(r['accuracy'])} [{_pct(r['low'])}, {_pct(r['high'])}]"
+        table.add_row(r["task"], r["model"], str(r["n"]), acc, r["path"])
+    _console(stderr=False).print(table)
+    _console().print(f"computed {sum(counts.values())} cell(s) in {exp.root}")
+
+
+@app.command()
+def distill(
+    teacher: Annotated[str, typer.Option(help="the teacher: folder, hub id, sandbox:, gguf:")],
+    student: Annotated[str, typer.Option(help="the student: folder, hub id, sandbox:, gguf:")],
+    task: Annotated[str, typer.Option(help="task name (`cotgap ls tasks`)")],
+    limit: Annotated[int | None, typer.Option(help="first N test items")] = None,
+    train_limit: Annotated[
+        int | None, typer.Option(help="first N train items the teacher writes traces for")
+    ] = 400,
+    seeds: Annotated[
+        str, typer.Option(help="replicates: trace draw k trains with seed k (3 for a verdict)")
+    ] = "0",
+    max_steps: Annotated[int, typer.Option(help="training steps of each adapter")] = 100,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 2e-4,
+    batch_size: Annotated[int, typer.Option(help="per-device batch size")] = 8,
+    samples: Annotated[int, typer.Option(help="traces per training question")] = 2,
+    temperature: Annotated[float, typer.Option(help="sampling temperature of the traces")] = 0.7,
+    effect: Annotated[
+        float, typer.Option(help="effect of interest in points (the equivalence margin)")
+    ] = 3.0,
+    results_dir: ResultsDir = Path("results/quick"),
+    max_tokens: MaxTokens = 512,
+    dtype: Dtype = "auto",
+    include_path: IncludePath = None,
+) -> None:
+    """One teacher-student pair without a YAML: generate traces, train, evaluate, then the gain
+    over the student's baseline with its interval and verdict. Cells are the grid's own."""
+    from harness import quick
+
+    _include(include_path)
+    settings = quick.Settings(
+        max_tokens=max_tokens, dtype=dtype, samples=samples, temperature=temperature,
+        max_steps=max_steps, lr=lr, batch_size=batch_size, effect=effect,
+    )  # fmt: skip
+    exp = quick.experiment(
+        [teacher], [student], [task], limit, results_dir, settings, train_limit, _seeds(seeds)
+    )
+    _STATE["results"] = exp.root
+    _say_engine(exp)
+    r, counts = quick.distill(exp, log=_log)
+    level = f"{100 * r['level']:g}%"
+    out = _console(stderr=False)
+    out.print(
+        f"{r['task']}: {r['student']} from {r['teacher']} ({r['n']} test items, "
+        f"{r['replicates']} replicate(s))"
+    )
+    out.print(
+        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, "
+        f"{_pct(r['baseline_high'])}], distilled {_pct(r['post_acc'])}%"
+    )
+    out.print(
+        f"  gain {100 * r['gain']:+.1f} pts [{100 * r['gain_low']:+.1f}, "
+        f"{100 * r['gain_high']:+.1f}] ({level} interval): {r['verdict']}"
+    )
+    if r["exploratory"]:
+        out.print(
+            f"  exploratory: {r['replicates']} replicate(s); a verdict needs "
+            f"{exp.analysis.min_replicates} (--seeds 0,1,2)"
+        )
+    else:
+        out.print(f"  distill? {r['distill']}")
+    _console().print(f"computed {sum(counts.values())} cell(s) {counts} in {exp.root}")
 
 
 @app.command()

@@ -32,6 +32,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
     {"plan", "analyze", "report", "screening", "view", "export", "tracking"},
+    {"quick"},
     {"cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
