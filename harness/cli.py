@@ -42,7 +42,9 @@ sandbox_app = typer.Typer(
 models_app = typer.Typer(help="Model sources that need a step first (GGUF files).", **_PLAIN)
 app.add_typer(ls_app, name="ls")
 app.add_typer(sandbox_app, name="sandbox")
+task_app = typer.Typer(help="Your own tasks: write a task file to start from.", **_PLAIN)
 app.add_typer(models_app, name="models")
+app.add_typer(task_app, name="task")
 
 _STATE: dict = {"debug": False, "results": None}
 
@@ -184,6 +186,42 @@ def ls_tasks(include_path: IncludePath = None) -> None:
     _console(stderr=False).print(table)
 
 
+@task_app.command("new")
+def task_new(
+    name: Annotated[str, typer.Argument(help="the task's name: a-z, 0-9, _", metavar="NAME")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="folder with train.jsonl and test.jsonl, or one .jsonl pool; its parent is the "
+            "data dir (--data-dir, data_dir:)"
+        ),
+    ],
+    answer_type: Annotated[str, typer.Option(help="number, choice or text")] = "number",
+    out: Annotated[Path, typer.Option(help="the task folder to write NAME.yaml into")] = Path(
+        "tasks"
+    ),
+    force: Force = False,
+) -> None:
+    """Write a task file for JSONL items (fields question and answer; choices for choice tasks),
+    ready for `--include-path` / `task_paths:`; edit its description, fields and prompt."""
+    from harness import tasks
+    from harness.store import atomic_write_text, output_path
+
+    if not data.is_dir():
+        raise UserError(f"--data {data}: no such folder; give the folder holding the JSONL files.")
+    text, notes = tasks.new_task_text(name, data.resolve(), answer_type)
+    path = output_path(out / f"{name}.yaml", "--out", [], force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    for note in notes:
+        _log(f"note: {note}")
+    typer.echo(f"{path}")
+    _log(
+        f"next: cotgap ls items {name} --include-path {out} --data-dir {data.parent}  "
+        f"(or task_paths: [{out}] and data_dir: {data.parent} in a config)"
+    )
+
+
 @ls_app.command("items")
 def ls_items(
     task: Annotated[str, typer.Argument(help="task name (see `cotgap ls tasks`)", metavar="TASK")],
@@ -191,9 +229,11 @@ def ls_items(
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
     force: Force = False,
+    include_path: IncludePath = None,
 ) -> None:
     """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
     the source rows the task excludes, with why."""
+    _include(include_path)
     from harness import tasks
     from harness.store import output_path
 
@@ -405,6 +445,9 @@ ResultsDir = Annotated[
     ),
 ]
 MaxTokens = Annotated[int, typer.Option(help="max new tokens of a completion")]
+DataDir = Annotated[
+    Path | None, typer.Option(help="directory with the task files' data (as data_dir:)")
+]
 Dtype = Annotated[str, typer.Option(help="model dtype (auto, float32, bfloat16, ...)")]
 
 
@@ -435,6 +478,7 @@ def eval_cmd(
     results_dir: ResultsDir = Path("results/quick"),
     max_tokens: MaxTokens = 512,
     dtype: Dtype = "auto",
+    data_dir: DataDir = None,
     include_path: IncludePath = None,
 ) -> None:
     """Evaluate one model on named tasks without a YAML: accuracy with its 95% interval per task.
@@ -447,7 +491,7 @@ def eval_cmd(
     _include(include_path)
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     settings = quick.Settings(max_tokens=max_tokens, dtype=dtype)
-    exp = quick.experiment([model], [model], names, limit, results_dir, settings)
+    exp = quick.experiment([model], [model], names, limit, results_dir, settings, data_dir=data_dir)
     _STATE["results"] = exp.root
     _say_engine(exp)
     rows, counts = quick.evaluate(exp, log=_log)
@@ -482,6 +526,7 @@ def distill(
     results_dir: ResultsDir = Path("results/quick"),
     max_tokens: MaxTokens = 512,
     dtype: Dtype = "auto",
+    data_dir: DataDir = None,
     include_path: IncludePath = None,
 ) -> None:
     """One teacher-student pair without a YAML: generate traces, train, evaluate, then the gain
@@ -494,7 +539,15 @@ def distill(
         max_steps=max_steps, lr=lr, batch_size=batch_size, effect=effect,
     )  # fmt: skip
     exp = quick.experiment(
-        [teacher], [student], [task], limit, results_dir, settings, train_limit, _seeds(seeds)
+        [teacher],
+        [student],
+        [task],
+        limit,
+        results_dir,
+        settings,
+        train_limit,
+        _seeds(seeds),
+        data_dir,
     )
     _STATE["results"] = exp.root
     _say_engine(exp)

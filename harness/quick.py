@@ -72,6 +72,7 @@ def experiment(
     settings: Settings = Settings(),
     train_limit: int | None = None,
     seeds: Sequence[int] = (0,),
+    data_dir: Path | None = None,
 ) -> Experiment:
     """The experiment of a quick command, validated like a YAML one (paths from the working
     directory). One seed: one trace draw at that seed; several: paired draws and training seeds."""
@@ -95,8 +96,12 @@ def experiment(
     data = {
         "name": name,
         "results_dir": results_dir,
+        "data_dir": None if data_dir is None else str(data_dir),
         "teachers": teacher_specs,
-        "students": [{"name": n, "path": s, "engine": engine} for n, s in zip(student_names, students, strict=True)],  # fmt: skip
+        "students": [
+            {"name": n, "path": s, "engine": engine}
+            for n, s in zip(student_names, students, strict=True)
+        ],  # fmt: skip
         "tasks": [{"name": t, "test_limit": limit, "train_limit": train_limit} for t in tasks],
         "generate": generate,
         "train": {
