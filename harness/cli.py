@@ -595,10 +595,18 @@ def score(
         Path | None,
         typer.Option(help="re-score every eval cell of this results directory instead"),
     ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="score a file that misses items (they count as incorrect)"),
+    ] = False,
     force: Force = False,
+    include_path: IncludePath = None,
 ) -> None:
-    """Re-score stored completions without any engine; prints the summary as JSON. With
-    --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
+    """Re-score stored completions without any engine; prints the summary as JSON (with its
+    coverage: items with a prediction / items). A file that misses items is refused unless
+    --partial. With --results, every eval cell of a results directory (cells untouched; --out
+    is the folder)."""
+    _include(include_path)
     from harness import scoring
     from harness.store import output_path
 
@@ -611,11 +619,15 @@ def score(
         raise UserError("give --task and --predictions, or --results DIR.")
     default = predictions.with_name(predictions.stem + ".scored.jsonl")  # replaced on each run
     out = output_path(out or default, "--out", [predictions], force or out is None)
-    summary = scoring.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
+    summary = scoring.score_file(
+        task, predictions, data_dir=data_dir, split=split, out_path=out, partial=partial
+    )
+    _log(f"coverage: {summary['n'] - summary['missing']} of {summary['n']} items have a prediction")
     if summary.get("missing"):
         _log(
             f"{summary['missing']} of {summary['n']} items have no prediction "
-            "(scored incorrect; their ids are in missing_ids)"
+            "(scored incorrect; their ids are in missing_ids; accuracy over the predicted items: "
+            f"{summary['accuracy_on_predicted']:.4f})"
         )
     if explain:
         for line in scoring.explain_file(summary["out"]):
