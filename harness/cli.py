@@ -321,6 +321,20 @@ def run(
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
     )
+    _say_problems(exp, store)
+
+
+def _say_problems(exp, store) -> None:
+    """After a run: index.csv, then every complete cell of the grid that gives nothing usable,
+    with the number and the fix."""
+    from rich.markup import escape
+
+    from harness import grid, health, index
+
+    cells = grid.expand(exp)
+    index.write(store, cells)
+    for line in health.problems(exp, store, cells):
+        _console().print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def _say_engine(exp) -> None:
@@ -378,6 +392,7 @@ def _stage(
     with store.lock(timeout=wait):
         counts = plan.run(exp, store, cells, RunOptions(frozenset({stage})), log=_log)
     _console().print(f"{stage}: computed {sum(counts.values())} cell(s)")
+    _say_problems(exp, store)
 
 
 @app.command()
@@ -487,6 +502,7 @@ def eval_cmd(
     from rich.table import Table
 
     from harness import quick
+    from harness.store import Store
 
     _include(include_path)
     names = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -501,6 +517,7 @@ def eval_cmd(
         table.add_row(r["task"], r["model"], str(r["n"]), acc, r["path"])
     _console(stderr=False).print(table)
     _console().print(f"computed {sum(counts.values())} cell(s) in {exp.root}")
+    _say_problems(exp, Store(exp.root))
 
 
 @app.command()
@@ -532,6 +549,7 @@ def distill(
     """One teacher-student pair without a YAML: generate traces, train, evaluate, then the gain
     over the student's baseline with its interval and verdict. Cells are the grid's own."""
     from harness import quick
+    from harness.store import Store
 
     _include(include_path)
     settings = quick.Settings(
@@ -574,6 +592,7 @@ def distill(
     else:
         out.print(f"  distill? {r['distill']}")
     _console().print(f"computed {sum(counts.values())} cell(s) {counts} in {exp.root}")
+    _say_problems(exp, Store(exp.root))
 
 
 @app.command()

@@ -31,7 +31,7 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"grid", "selection", "feasible", "offline"},
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
-    {"plan", "analyze", "report", "screening", "view", "export", "tracking"},
+    {"plan", "analyze", "report", "screening", "view", "export", "tracking", "health", "index"},
     {"quick"},
     {"cli", "__main__", ""},
 ]

@@ -207,3 +207,29 @@ def test_distill_one_pair_prints_gain_interval_and_exploratory(tmp_path):
     assert ": inconclusive" in out.stdout  # one replicate: never a verdict
     kinds = {p.name for p in (results / "cells").iterdir()}
     assert {"traces", "dataset", "adapter", "eval"} <= kinds
+
+
+# --- no silent failures --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
+    """Four tokens per completion: every trace is cut, none is correct, no example is left."""
+    cfg = {
+        "name": "cut",
+        "results_dir": str(tmp_path / "res"),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": [{"name": "sandbox_addition", "train_limit": 4, "test_limit": 4}],
+        "generate": {"n": 1, "max_tokens": 4},
+        "train": {"max_steps": 2, "per_device_batch_size": 2},
+        "evaluate": {"max_tokens": 4},
+    }
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = cotgap("run", str(path), "--only", "generate,train", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    err = " ".join(out.stderr.split())
+    assert "traces:t/sandbox_addition: 0 of 4 questions have a correct trace (4 samples)" in err
+    assert "100% of 4 completions were cut at max_tokens (4); raise generate.max_tokens" in err
+    assert "0 training examples after filtering" in err and "train.max_length 512" in err
