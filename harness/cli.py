@@ -76,6 +76,7 @@ IncludePath = Annotated[
     list[Path] | None,
     typer.Option(
         "--include-path",
+        metavar="DIR",
         help="a folder of your own task YAMLs, searched before the built-in tasks (repeatable)",
     ),
 ]
@@ -324,14 +325,14 @@ def run(
     _say_problems(exp, store)
 
 
-def _say_problems(exp, store) -> None:
-    """After a run: index.csv, then every complete cell of the grid that gives nothing usable,
-    with the number and the fix."""
+def _say_problems(exp, store, cells=None) -> None:
+    """After a run: index.csv, then every complete cell among `cells` (default: the grid's) that
+    gives nothing usable, with the number and the fix."""
     from rich.markup import escape
 
     from harness import grid, health, index
 
-    cells = grid.expand(exp)
+    cells = grid.expand(exp).cells if cells is None else cells
     index.write(store, cells)
     for line in health.problems(exp, store, cells):
         _console().print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
@@ -501,7 +502,7 @@ def eval_cmd(
     in the same results folder reuses them."""
     from rich.table import Table
 
-    from harness import quick
+    from harness import grid, quick
     from harness.store import Store
 
     _include(include_path)
@@ -517,7 +518,8 @@ def eval_cmd(
         table.add_row(r["task"], r["model"], str(r["n"]), acc, r["path"])
     _console(stderr=False).print(table)
     _console().print(f"computed {sum(counts.values())} cell(s) in {exp.root}")
-    _say_problems(exp, Store(exp.root))
+    evaluated = grid.expand(exp).select(kind="eval", role="baseline")  # not the model as teacher
+    _say_problems(exp, Store(exp.root), evaluated)
 
 
 @app.command()

@@ -158,9 +158,25 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     out = cotgap("eval", "sandbox:student-xs", *args, "--results-dir", str(results), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     cell = Path(re.search(r"(\S+/cells/eval/[0-9a-f]+)", out.stdout.replace("\n", "")).group(1))
-    lines = (cell / "predictions.jsonl").read_text().splitlines()
-    correct = [json.loads(line)["correct"] for line in lines]
+    records = [json.loads(line) for line in (cell / "predictions.jsonl").read_text().splitlines()]
+    correct = [r["correct"] for r in records]
     assert len(correct) == 6
+
+    from harness import tasks
+
+    items = tasks.load_items("sandbox_addition", "test", limit=6)
+    assert [r["question"] for r in records] == [it.question for it in items]
+    assert all(r["question"] in r["prompt"] and "completion" in r for r in records)
+
+    import csv
+
+    with open(results / "index.csv", encoding="utf-8") as f:
+        rows = {r["key"]: r for r in csv.DictReader(f)}
+    row = rows[cell.name]
+    assert (row["kind"], row["task"], row["model"], row["status"]) == (
+        "eval", "sandbox_addition", "student-xs", "complete"
+    )  # fmt: skip
+    assert (results / row["path"]).resolve() == cell.resolve()
 
     from harness import inference
 
