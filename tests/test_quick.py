@@ -249,3 +249,53 @@ def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
     assert "traces:t/sandbox_addition: 0 of 4 questions have a correct trace (4 samples)" in err
     assert "100% of 4 completions were cut at max_tokens (4); raise generate.max_tokens" in err
     assert "0 training examples after filtering" in err and "train.max_length 512" in err
+
+
+# --- readable outputs ----------------------------------------------------------------------------
+
+
+def _grid_config(tmp_path: Path, student: str) -> Path:
+    cfg = {
+        "name": "idx",
+        "results_dir": str(tmp_path / "res"),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": student, "path": f"sandbox:{student}"}],
+        "tasks": [{"name": "sandbox_addition", "test_limit": 4}],
+        "train": {"max_steps": 2},
+    }
+    path = tmp_path / f"{student}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
+    import csv
+
+    from harness import grid, index
+    from harness.config import load_experiment
+    from harness.store import Store
+
+    exp = load_experiment(_grid_config(tmp_path, "student-xs"))
+    store = Store(exp.root)
+    cells = grid.expand(exp)
+    started = cells.baselines["sandbox_addition", "student-xs"]
+    store.cell_dir("eval", started.key).mkdir(parents=True)  # begun, not finished
+    path = index.write(store, cells)
+
+    def rows() -> dict[str, dict]:
+        with open(path, encoding="utf-8") as f:
+            return {r["key"]: r for r in csv.DictReader(f)}
+
+    first = rows()
+    assert set(first) == {c.key for c in cells}
+    assert first[started.key]["status"] == "partial"
+    assert first[started.key]["label"] == started.label
+    assert {r["status"] for k, r in first.items() if k != started.key} == {"missing"}
+    assert first[started.key]["path"] == f"cells/eval/{started.key}"
+
+    other = load_experiment(_grid_config(tmp_path, "student-s"))
+    index.write(store, grid.expand(other))
+    second = rows()
+    assert started.key in second  # its folder exists: kept
+    dropped = [c.key for c in cells if c.key != started.key and c.key not in second]
+    assert dropped  # the first grid's cells without a folder are not listed by the second
