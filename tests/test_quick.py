@@ -246,7 +246,10 @@ def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
     out = cotgap("run", str(path), "--only", "generate,train", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     err = " ".join(out.stderr.split())
-    assert "traces:teacher/t/sandbox_addition: 0 of 4 questions have a correct trace (4 samples)" in err
+    assert (
+        "traces:teacher/t/sandbox_addition: 0 of 4 questions have a correct trace (4 samples)"
+        in err
+    )
     assert "100% of 4 completions were cut at max_tokens (4); raise generate.max_tokens" in err
     assert "0 training examples after filtering" in err and "train.max_length 512" in err
 
