@@ -76,7 +76,8 @@ def test_card_names_every_file_and_its_provenance(exported) -> None:
     assert len(paths) == counts["files"] and all((out / p).exists() for p in paths)
     splits = {c["data_files"][0]["path"].split("/")[0]: c["data_files"][0]["split"]
               for c in front["configs"]}  # fmt: skip
-    assert splits == {"traces": "train", "train": "train", "predictions": "test"}, splits
+    expected = {"traces": "train", "train": "train", "predictions": "test"}
+    assert splits == {**expected, "leaderboard.parquet": "train"}, splits
     traces = card.split("### `traces/")[1].split("###")[0]
     for needle in ("sandbox_coin_flip v", "prompt_style", "temperature=", "teacher", "git"):
         assert needle in traces
