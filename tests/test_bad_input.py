@@ -671,6 +671,7 @@ def test_disk_full_while_scoring(ws: Workspace) -> None:
         "--out",
         scored,
         "--force",
+        "--partial",
     ]
     msg = error_message(cotgap(ws, *args, env=env, wrapper=DISK_FULL))
     assert f"{scored}: could not write (No space left on device)" in msg, msg
