@@ -352,6 +352,9 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
             finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
             samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
             scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
+            # the item's question and prompt stay where the eval stage wrote them, after the id
+            shown = {k: rec[k] for k in ("id", "question", "prompt") if k in rec}
+            scored = {**shown, **scored}
             if "two_pass_correct" in rec:
                 scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), extractor))
         keep = ("prompt_tokens", "completion_tokens")
