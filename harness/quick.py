@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from harness import analyze, feasible, grid, inference, offline, plan
+from harness import feasible, grid, inference, offline, plan, scoring
 from harness.config import Experiment, _relative_to, parse, task_names
 from harness.errors import UserError
 from harness.schedule import RunOptions
-from harness.store import Store
+from harness.store import Store, read_json, read_jsonl
 
 DEFAULT_RESULTS = Path("results") / "quick"
 
@@ -141,7 +141,13 @@ def _run(exp: Experiment, cells: list, log: Callable[[str], None]) -> dict[str, 
 
 
 def _correct(exp: Experiment, key: str) -> dict[Any, bool]:
-    return analyze._read_eval(Store(exp.root).cell_dir("eval", key), key, exp.data_dir).correct
+    """An eval cell's verdict per item id, re-scored in memory where its extractor has changed
+    since (as the analysis reads it)."""
+    d = Store(exp.root).cell_dir("eval", key)
+    metrics = read_json(d / scoring.METRICS, f"delete {d} and re-run")
+    due = scoring.rescore_due(metrics)
+    records = scoring.rescore_cell(d, exp.data_dir) if due else read_jsonl(d / scoring.PREDICTIONS)
+    return {r["id"]: bool(r["correct"]) for r in records}
 
 
 def evaluate(
