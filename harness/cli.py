@@ -42,7 +42,9 @@ sandbox_app = typer.Typer(
 models_app = typer.Typer(help="Model sources that need a step first (GGUF files).", **_PLAIN)
 app.add_typer(ls_app, name="ls")
 app.add_typer(sandbox_app, name="sandbox")
+task_app = typer.Typer(help="Your own tasks: write a task file to start from.", **_PLAIN)
 app.add_typer(models_app, name="models")
+app.add_typer(task_app, name="task")
 
 _STATE: dict = {"debug": False, "results": None}
 
@@ -70,6 +72,24 @@ Force = Annotated[bool, typer.Option("--force", help="replace an existing --out 
 Wait = Annotated[
     float, typer.Option(help="seconds to wait for another run holding the results directory")
 ]
+IncludePath = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--include-path",
+        metavar="DIR",
+        help="a folder of your own task YAMLs, searched before the built-in tasks (repeatable)",
+    ),
+]
+
+
+def _include(paths: list[Path] | None) -> None:
+    """Add --include-path folders to the task search path (COTGAP_TASK_PATH, so workers too)."""
+    from harness.config import include_task_paths
+
+    for p in paths or []:
+        if not p.is_dir():
+            raise UserError(f"--include-path {p}: no such folder; give a folder of task YAMLs.")
+    include_task_paths(paths or [])
 
 
 def _version(value: bool) -> None:
@@ -124,8 +144,10 @@ def _load(config: Path, runnable: bool = False):
 @app.command()
 def validate(
     configs: Annotated[list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")],
+    include_path: IncludePath = None,
 ) -> None:
     """Check experiment YAML files: every error at once, with file, key path and suggestion."""
+    _include(include_path)
     errors = []
     for path in configs:
         try:
@@ -146,10 +168,11 @@ def validate(
 
 
 @ls_app.command("tasks")
-def ls_tasks() -> None:
+def ls_tasks(include_path: IncludePath = None) -> None:
     """Every task with its version, splits, sizes and answer type."""
     from rich.table import Table
 
+    _include(include_path)
     from harness import tasks
 
     table = Table("task", "version", "answer type", "extractor", "splits")
@@ -164,6 +187,42 @@ def ls_tasks() -> None:
     _console(stderr=False).print(table)
 
 
+@task_app.command("new")
+def task_new(
+    name: Annotated[str, typer.Argument(help="the task's name: a-z, 0-9, _", metavar="NAME")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="folder with train.jsonl and test.jsonl, or one .jsonl pool; its parent is the "
+            "data dir (--data-dir, data_dir:)"
+        ),
+    ],
+    answer_type: Annotated[str, typer.Option(help="number, choice or text")] = "number",
+    out: Annotated[Path, typer.Option(help="the task folder to write NAME.yaml into")] = Path(
+        "tasks"
+    ),
+    force: Force = False,
+) -> None:
+    """Write a task file for JSONL items (fields question and answer; choices for choice tasks),
+    ready for `--include-path` / `task_paths:`; edit its description, fields and prompt."""
+    from harness import tasks
+    from harness.store import atomic_write_text, output_path
+
+    if not data.is_dir():
+        raise UserError(f"--data {data}: no such folder; give the folder holding the JSONL files.")
+    text, notes = tasks.new_task_text(name, data.resolve(), answer_type)
+    path = output_path(out / f"{name}.yaml", "--out", [], force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    for note in notes:
+        _log(f"note: {note}")
+    typer.echo(f"{path}")
+    _log(
+        f"next: cotgap ls items {name} --include-path {out} --data-dir {data.parent}  "
+        f"(or task_paths: [{out}] and data_dir: {data.parent} in a config)"
+    )
+
+
 @ls_app.command("items")
 def ls_items(
     task: Annotated[str, typer.Argument(help="task name (see `cotgap ls tasks`)", metavar="TASK")],
@@ -171,9 +230,11 @@ def ls_items(
     data_dir: Annotated[Path | None, typer.Option(help="directory with the original files")] = None,
     out: Annotated[Path | None, typer.Option(help="write JSONL here instead of stdout")] = None,
     force: Force = False,
+    include_path: IncludePath = None,
 ) -> None:
     """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
     the source rows the task excludes, with why."""
+    _include(include_path)
     from harness import tasks
     from harness.store import output_path
 
@@ -211,11 +272,13 @@ def plan_cmd(
     every_cell: Annotated[
         bool, typer.Option("--all", help="list every cell, also in large grids")
     ] = False,
+    include_path: IncludePath = None,
 ) -> None:
     """Show the cells of an experiment, which exist, which would run, and the work estimate."""
     from harness import plan
     from harness.store import Store
 
+    _include(include_path)
     exp = _load(config, runnable=True)
     plan.show(exp, Store(exp.root), every_cell=every_cell)
 
@@ -229,12 +292,14 @@ def run(
     ] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster address")] = None,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Run every missing cell of an experiment, then analyse it."""
     from harness import plan
     from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
+    _include(include_path)
     exp = _load(config, runnable=True)
     _say_engine(exp)
     options = RunOptions(parse_only(only), executor or exp.executor, address)
@@ -257,6 +322,20 @@ def run(
     _console().print(
         f"computed {sum(counts.values())} cell(s) {counts} in {time.time() - start:.1f} s"
     )
+    _say_problems(exp, store)
+
+
+def _say_problems(exp, store, cells=None) -> None:
+    """After a run: index.csv, then every complete cell among `cells` (default: the grid's) that
+    gives nothing usable, with the number and the fix."""
+    from rich.markup import escape
+
+    from harness import grid, health, index
+
+    cells = grid.expand(exp).cells if cells is None else cells
+    index.write(store, cells)
+    for line in health.problems(exp, store, cells):
+        _console().print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def _say_engine(exp) -> None:
@@ -314,6 +393,7 @@ def _stage(
     with store.lock(timeout=wait):
         counts = plan.run(exp, store, cells, RunOptions(frozenset({stage})), log=_log)
     _console().print(f"{stage}: computed {sum(counts.values())} cell(s)")
+    _say_problems(exp, store)
 
 
 @app.command()
@@ -374,6 +454,149 @@ def evaluate(
     _stage(config, "evaluate", wait, model=model, task=task)
 
 
+ResultsDir = Annotated[
+    Path,
+    typer.Option(
+        help="the results folder the cells go to: <results_dir>/<name> of a grid sharing them"
+    ),
+]
+MaxTokens = Annotated[int, typer.Option(help="max new tokens of a completion")]
+DataDir = Annotated[
+    Path | None, typer.Option(help="directory with the task files' data (as data_dir:)")
+]
+Dtype = Annotated[str, typer.Option(help="model dtype (auto, float32, bfloat16, ...)")]
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {text}: give integers separated by commas, e.g. 0,1,2.") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise UserError(f"--seeds {text}: give one or more distinct integers, e.g. 0,1,2.")
+    return seeds
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="a local folder, hub id, sandbox:<zoo model> or gguf:<file>", metavar="MODEL"
+        ),
+    ],
+    tasks: Annotated[str, typer.Option(help="task names, comma-separated (`cotgap ls tasks`)")],
+    limit: Annotated[int | None, typer.Option(help="first N test items of each task")] = None,
+    results_dir: ResultsDir = Path("results/quick"),
+    max_tokens: MaxTokens = 512,
+    dtype: Dtype = "auto",
+    data_dir: DataDir = None,
+    include_path: IncludePath = None,
+) -> None:
+    """Evaluate one model on named tasks without a YAML: accuracy with its 95% interval per task.
+    The eval cells are the grid's own: a grid with the same model, task limit and eval settings
+    in the same results folder reuses them."""
+    from rich.table import Table
+
+    from harness import grid, quick
+    from harness.store import Store
+
+    _include(include_path)
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    settings = quick.Settings(max_tokens=max_tokens, dtype=dtype)
+    exp = quick.experiment([model], [model], names, limit, results_dir, settings, data_dir=data_dir)
+    _STATE["results"] = exp.root
+    _say_engine(exp)
+    rows, counts = quick.evaluate(exp, log=_log)
+    table = Table("task", "model", "items", "accuracy % [95% interval]", "cell")
+    for r in rows:
+        acc = f"{_pct(r['accuracy'])} [{_pct(r['low'])}, {_pct(r['high'])}]"
+        table.add_row(r["task"], r["model"], str(r["n"]), acc, r["path"])
+    _console(stderr=False).print(table)
+    _console().print(f"computed {sum(counts.values())} cell(s) in {exp.root}")
+    evaluated = grid.expand(exp).select(kind="eval", role="baseline")  # not the model as teacher
+    _say_problems(exp, Store(exp.root), evaluated)
+
+
+@app.command()
+def distill(
+    teacher: Annotated[str, typer.Option(help="the teacher: folder, hub id, sandbox:, gguf:")],
+    student: Annotated[str, typer.Option(help="the student: folder, hub id, sandbox:, gguf:")],
+    task: Annotated[str, typer.Option(help="task name (`cotgap ls tasks`)")],
+    limit: Annotated[int | None, typer.Option(help="first N test items")] = None,
+    train_limit: Annotated[
+        int | None, typer.Option(help="first N train items the teacher writes traces for")
+    ] = 400,
+    seeds: Annotated[
+        str, typer.Option(help="replicates: trace draw k trains with seed k (3 for a verdict)")
+    ] = "0",
+    max_steps: Annotated[int, typer.Option(help="training steps of each adapter")] = 100,
+    lr: Annotated[float, typer.Option(help="learning rate")] = 2e-4,
+    batch_size: Annotated[int, typer.Option(help="per-device batch size")] = 8,
+    samples: Annotated[int, typer.Option(help="traces per training question")] = 2,
+    temperature: Annotated[float, typer.Option(help="sampling temperature of the traces")] = 0.7,
+    effect: Annotated[
+        float, typer.Option(help="effect of interest in points (the equivalence margin)")
+    ] = 3.0,
+    results_dir: ResultsDir = Path("results/quick"),
+    max_tokens: MaxTokens = 512,
+    dtype: Dtype = "auto",
+    data_dir: DataDir = None,
+    include_path: IncludePath = None,
+) -> None:
+    """One teacher-student pair without a YAML: generate traces, train, evaluate, then the gain
+    over the student's baseline with its interval and verdict. Cells are the grid's own."""
+    from harness import quick
+    from harness.store import Store
+
+    _include(include_path)
+    settings = quick.Settings(
+        max_tokens=max_tokens, dtype=dtype, samples=samples, temperature=temperature,
+        max_steps=max_steps, lr=lr, batch_size=batch_size, effect=effect,
+    )  # fmt: skip
+    exp = quick.experiment(
+        [teacher],
+        [student],
+        [task],
+        limit,
+        results_dir,
+        settings,
+        train_limit,
+        _seeds(seeds),
+        data_dir,
+    )
+    _STATE["results"] = exp.root
+    _say_engine(exp)
+    r, counts = quick.distill(exp, log=_log)
+    level = f"{100 * r['level']:g}%"
+    out = _console(stderr=False)
+    out.print(
+        f"{r['task']}: {r['student']} from {r['teacher']} ({r['n']} test items, "
+        f"{r['replicates']} replicate(s))"
+    )
+    out.print(
+        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, "
+        f"{_pct(r['baseline_high'])}], distilled {_pct(r['post_acc'])}%"
+    )
+    out.print(
+        f"  gain {100 * r['gain']:+.1f} pts [{100 * r['gain_low']:+.1f}, "
+        f"{100 * r['gain_high']:+.1f}] ({level} interval): {r['verdict']}"
+    )
+    if r["exploratory"]:
+        out.print(
+            f"  exploratory: {r['replicates']} replicate(s); a verdict needs "
+            f"{exp.analysis.min_replicates} (--seeds 0,1,2)"
+        )
+    else:
+        out.print(f"  distill? {r['distill']}")
+    _console().print(f"computed {sum(counts.values())} cell(s) {counts} in {exp.root}")
+    _say_problems(exp, Store(exp.root))
+
+
 @app.command()
 def score(
     task: Annotated[str | None, typer.Option(help="task name (see `cotgap ls tasks`)")] = None,
@@ -393,10 +616,18 @@ def score(
         Path | None,
         typer.Option(help="re-score every eval cell of this results directory instead"),
     ] = None,
+    partial: Annotated[
+        bool,
+        typer.Option("--partial", help="score a file that misses items (they count as incorrect)"),
+    ] = False,
     force: Force = False,
+    include_path: IncludePath = None,
 ) -> None:
-    """Re-score stored completions without any engine; prints the summary as JSON. With
-    --results, every eval cell of a results directory (cells untouched; --out is the folder)."""
+    """Re-score stored completions without any engine; prints the summary as JSON (with its
+    coverage: items with a prediction / items). A file that misses items is refused unless
+    --partial. With --results, every eval cell of a results directory (cells untouched; --out
+    is the folder)."""
+    _include(include_path)
     from harness import scoring
     from harness.store import output_path
 
@@ -409,11 +640,15 @@ def score(
         raise UserError("give --task and --predictions, or --results DIR.")
     default = predictions.with_name(predictions.stem + ".scored.jsonl")  # replaced on each run
     out = output_path(out or default, "--out", [predictions], force or out is None)
-    summary = scoring.score_file(task, predictions, data_dir=data_dir, split=split, out_path=out)
+    summary = scoring.score_file(
+        task, predictions, data_dir=data_dir, split=split, out_path=out, partial=partial
+    )
+    _log(f"coverage: {summary['n'] - summary['missing']} of {summary['n']} items have a prediction")
     if summary.get("missing"):
         _log(
             f"{summary['missing']} of {summary['n']} items have no prediction "
-            "(scored incorrect; their ids are in missing_ids)"
+            "(scored incorrect; their ids are in missing_ids; accuracy over the predicted items: "
+            f"{summary['accuracy_on_predicted']:.4f})"
         )
     if explain:
         for line in scoring.explain_file(summary["out"]):

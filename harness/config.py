@@ -6,11 +6,11 @@ Every model forbids unknown keys; a misspelt key is reported with its file, key 
 nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
 only: YAML holds values and names, never code. Every relative path in an experiment file is taken
 relative to that file, so a command means the same from any working directory: `results_dir`,
-`data_dir`, `train.accelerate_config`, a model `path` that names a directory there (or starts
+`data_dir`, `task_paths`, `train.accelerate_config`, a model `path` that names a directory there (or starts
 with `./` or `../`) and the file of `gguf:<file>.gguf`. (Tracking paths are under
 <results_dir>/<name>.) An
-experiment's task names are checked against the task YAMLs in `tasks_dir()` (harness.tasks
-reads them).
+experiment's task names are checked against the task YAMLs of `task_dirs()`: its `task_paths`,
+$COTGAP_TASK_PATH and the built-in `tasks_dir()` (harness.tasks reads them).
 """
 
 from __future__ import annotations
@@ -104,6 +104,16 @@ def task_dirs() -> list[Path]:
     same name in a later one."""
     extra = [Path(p) for p in os.environ.get("COTGAP_TASK_PATH", "").split(os.pathsep) if p]
     return [*extra, tasks_dir()]
+
+
+def include_task_paths(paths: typing.Iterable[str | Path]) -> None:
+    """Add task folders to this process's search path, and so to its workers' (they inherit
+    COTGAP_TASK_PATH): after the folders already there, before the built-in tasks."""
+    current = [p for p in os.environ.get("COTGAP_TASK_PATH", "").split(os.pathsep) if p]
+    new = [str(Path(p).expanduser().resolve()) for p in paths]
+    added = [p for p in dict.fromkeys(new) if p not in current]
+    if added:
+        os.environ["COTGAP_TASK_PATH"] = os.pathsep.join([*current, *added])
 
 
 def task_file(name: str) -> Path | None:
@@ -582,6 +592,11 @@ class Experiment(Strict):
     data_dir: str | None = Field(
         None, description="the original benchmark files; relative to the experiment YAML file"
     )
+    task_paths: tuple[str, ...] = Field(
+        (),
+        description="folders of your own task YAMLs, searched before the built-in tasks; "
+        "relative to the experiment YAML file",
+    )
     executor: Literal["local", "ray"] = "local"
     ray: RayConfig = RayConfig()
     teachers: tuple[ModelSpec, ...] = Field(min_length=1)
@@ -860,6 +875,7 @@ def _relative_to(exp: Experiment, base: Path) -> Experiment:
         update={
             "results_dir": under(exp.results_dir),
             "data_dir": under(exp.data_dir) if exp.data_dir is not None else None,
+            "task_paths": tuple(under(p) for p in exp.task_paths),
             "teachers": models_(exp.teachers),
             "students": models_(exp.students),
             "train": train,
@@ -871,6 +887,14 @@ def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
     """Read and validate an experiment YAML; every error is reported at once. Relative paths are
     resolved against the file's directory (`_relative_to`)."""
     exp = _relative_to(parse(Experiment, read_yaml(path), str(path)), Path(path).parent)
+    missing = [
+        f"{path}: task_paths[{i}]: no folder {p}; create it or fix the path"
+        for i, p in enumerate(exp.task_paths)
+        if not Path(p).is_dir()
+    ]
+    if missing:
+        raise UserError("\n".join(missing))
+    include_task_paths(exp.task_paths)
     if check_tasks:
         known = task_names()
         problems = []

@@ -224,6 +224,12 @@ def _evaluate_cells(
     return results
 
 
+def _readable(item: tasks.Item, prompt: Any, rec: dict[str, Any]) -> dict[str, Any]:
+    """A predictions record with the item's question and the prompt the model was given, after
+    its id (a reader of predictions.jsonl needs neither the task files nor the prompt code)."""
+    return {"id": rec["id"], "question": item.question, "prompt": prompt, **rec}
+
+
 ANSWER_PASS_TOKENS = 32  # Zero-shot-CoT's budget for the answer after its trigger
 
 
@@ -232,8 +238,9 @@ def _scored(window: list, batch: list, pairs: Any, ev: Any, engine: Engine) -> A
     `answer_pass`, the window's items without an answer are asked once more first (one engine
     call), and every record carries its two-pass fields."""
     made = (
-        (i, samples, record(window[i][0].task, window[i][1], samples, window[i][0].cell.extractor,
-                            ev.decoding))
+        (i, samples, _readable(window[i][1], batch[i].prompt or batch[i].messages,
+                               record(window[i][0].task, window[i][1], samples,
+                                      window[i][0].cell.extractor, ev.decoding)))
         for i, samples in pairs
     )  # fmt: skip
     if not ev.answer_pass:

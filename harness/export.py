@@ -9,7 +9,7 @@ unchanged (written by `datasets.Dataset.to_parquet`, so the card's `configs:` an
 
     traces/<task>/<teacher>.parquet                         a teacher's CoT samples (train split)
     train/<task>/<student>/<teacher>_<regime>.parquet       a training set (examples.jsonl)
-    predictions/<task>/teacher_<teacher>.parquet            a teacher's test completions
+    predictions/<task>/teacher_<teacher>.parquet            a teacher's test completions (test split)
     predictions/<task>/<student>_base.parquet               a student's baseline
     predictions/<task>/<student>_<teacher>_<regime>_seed<seed>.parquet   a distilled student
     leaderboard.parquet                                     analysis/leaderboard.csv, typed
@@ -215,6 +215,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _split(rel: str) -> str:
+    """The split a file's rows come from: test for predictions, train for traces and sets."""
+    return "test" if rel.startswith("predictions/") else "train"
+
+
 def _config_name(rel: str) -> str:
     return rel.removesuffix(".parquet").replace("/", "--")
 
@@ -225,7 +230,7 @@ def card_text(exp: Experiment, entries: list[tuple[str, int, dict[str, Any]]]) -
         "pretty_name": f"cotgap export: {exp.name}",
         "tags": ["cotgap", "chain-of-thought", "distillation"],
         "configs": [
-            {"config_name": _config_name(rel), "data_files": [{"split": "train", "path": rel}]}
+            {"config_name": _config_name(rel), "data_files": [{"split": _split(rel), "path": rel}]}
             for rel, _, _ in entries
         ],
     }

@@ -207,6 +207,11 @@ def summarize(
         "yield": sum(by_item.values()) / max(1, n_items),
         "accuracy": scoring.accuracy(r["correct"] for r in records),
         "truncation_rate": sum(r["finish_reason"] == "length" for r in records) / count,
+        # completions neither cut at max_tokens nor holding an answer the extractor reads
+        "format_failure_rate": sum(
+            r.get("flexible") is None and not r.get("truncated") for r in records
+        )
+        / count,
         "mean_completion_tokens": sum(r["completion_tokens"] for r in records) / count,
         "generated_tokens": tokens,
         "generation_s": round(gen_s, 3),

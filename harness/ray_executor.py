@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from harness import schedule
-from harness.config import Experiment
+from harness.config import Experiment, include_task_paths, task_dirs
 from harness.errors import UserError
 from harness.store import Store
 
@@ -24,6 +24,7 @@ from harness.store import Store
 def _cell_task(exp_data: dict, root: str, group: schedule.Group) -> list[str]:
     """Body of one Ray task: compute a cell group, logging to a file named after its first cell."""
     exp = Experiment.model_validate(exp_data)
+    include_task_paths(exp.task_paths)  # the driver's task folders (a shared file system)
     store = Store(root)
     log_dir = store.root / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,8 @@ def run(
     remote = ray.remote(_cell_task)
     in_flight: dict[Any, tuple[schedule.Group, float]] = {}
     exp_data = exp.model_dump(mode="json")
+    # every task folder the driver searches (task_paths, --include-path, COTGAP_TASK_PATH)
+    exp_data["task_paths"] = [str(d) for d in task_dirs()[:-1]]
     began = time.perf_counter()
     sched.emit("run", cells=len(sched.work), pid=os.getpid(), executor="ray")
     while not sched.finished:

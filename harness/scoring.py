@@ -253,16 +253,20 @@ def score_file(
     split: str = "test",
     out_path: str | Path | None = None,
     extractor: str | None = None,
+    partial: bool = True,
 ) -> dict[str, Any]:
     """Re-score a JSONL of {id, completion[, finish_reason]} without an engine.
 
     Writes one result per item of the split (default <predictions>.scored.jsonl) and returns a
-    summary; items without a prediction count as missing and incorrect."""
+    summary with its coverage (items with a prediction / items); items without a prediction
+    count as missing and incorrect. `partial=False`: a file that misses items is refused."""
     spec = task_spec(task)
     pred_path = Path(predictions_path)
     items = load_items(spec, split, data_dir)
     by_id = {item.id: item for item in items}
     preds = _read_predictions(pred_path, by_id, spec, split)
+    if not partial and len(preds) < len(items):
+        raise UserError(_partial_message(pred_path, spec.name, split, len(preds), len(items)))
     results = []
     for item in items:
         rec = preds.get(item.id)
@@ -299,8 +303,21 @@ def score_file(
         "truncated": sum(x["truncated"] for x in results),
         "missing": len(missing),
         "missing_ids": missing[:20],
+        "coverage": (len(results) - len(missing)) / len(results) if results else 0.0,
+        "accuracy_on_predicted": accuracy(x["correct"] for x in results if not x["missing"]),
         "out": str(out),
     }
+
+
+def _partial_message(path: Path, task: str, split: str, have: int, n: int) -> str:
+    return (
+        f"{path}: {have:,} prediction(s) for {n:,} items of {task} {split} (coverage "
+        f"{100 * have / n:.1f}%): the {n - have:,} items without one would be scored incorrect, "
+        f"so the accuracy would describe the file, not the model. Give a prediction for every "
+        f"item (`cotgap ls items {task} --split {split}` lists their ids), or pass --partial to "
+        "score it anyway (missing items count as incorrect; the summary adds "
+        "accuracy_on_predicted). Nothing was written."
+    )
 
 
 def _cell_config(cell: Path) -> tuple[dict[str, Any], TaskSpec, str]:
@@ -335,6 +352,9 @@ def rescore_cell(cell: str | Path, data_dir: str | Path | None = None) -> list[d
             finishes = rec.get("finish_reasons", [rec.get("finish_reason")])
             samples = [Sample(t, (), 0, f) for t, f in zip(texts, finishes, strict=True)]
             scored = record(spec, item, samples, extractor, config["evaluate"]["decoding"])
+            # the item's question and prompt stay where the eval stage wrote them, after the id
+            shown = {k: rec[k] for k in ("id", "question", "prompt") if k in rec}
+            scored = {**shown, **scored}
             if "two_pass_correct" in rec:
                 scored.update(_rescored_pass(spec, item, scored, rec.get("answer_pass"), extractor))
         keep = ("prompt_tokens", "completion_tokens")

@@ -885,3 +885,91 @@ def items_jsonl(
     else:
         (out or sys.stdout).write(text)
     return len(items)
+
+
+# --- a new task's file ---------------------------------------------------------------------------
+
+_NEW_TYPES = {  # --answer-type: (answer_type, extractor, the prompt's last line, choices field)
+    "number": ("number", "number", 'End with "The answer is N."', None),
+    "choice": (
+        "choice",
+        "choice",
+        'End with "The answer is (X)." where X is the letter.',
+        "choices",
+    ),
+    "text": ("string", "string", 'End with "The answer is ..." and the answer.', None),
+}
+
+
+def _new_splits(name: str, data: Path) -> tuple[dict[str, list[str]], list[Path]]:
+    """A new task's `source.files.splits` (paths under `data`'s parent, the data dir) and files:
+    train.jsonl and test.jsonl, or one JSONL pool divided by the question hash."""
+    pair = [data / "train.jsonl", data / "test.jsonl"]
+    if all(p.is_file() for p in pair):
+        return {s: [f"{data.name}/{s}.jsonl"] for s in ("train", "test")}, pair
+    pool = sorted(data.glob("*.jsonl"))
+    if len(pool) == 1:
+        return {"all": [f"{data.name}/{pool[0].name}"]}, pool
+    raise UserError(
+        f"--data {data}: expected train.jsonl and test.jsonl, or one .jsonl file (divided 3:2 into "
+        f"train and test), found {len(pool)} .jsonl file(s); put task {name}'s items there."
+    )
+
+
+def new_task_text(name: str, data: Path, answer_type: str = "number") -> tuple[str, list[str]]:
+    """The YAML of a new JSONL task reading the files of folder `data` (its parent is the data
+    dir) and notes for the user (fields the first row lacks); checked against the schema."""
+    if answer_type not in _NEW_TYPES:
+        raise UserError(f"--answer-type {answer_type}: valid: {', '.join(_NEW_TYPES)}.")
+    kind, extractor, ending, choices = _NEW_TYPES[answer_type]
+    splits, files = _new_splits(name, data)
+    fields = {"question": "question", "answer": "answer"} | (
+        {"choices": choices} if choices else {}
+    )
+    spec = {
+        "name": name, "version": 1, "description": f"{name} (edit: what the task is)",
+        "splits_note": "train for teacher traces, test for scoring" if "train" in splits
+        else "one pool, divided 3:2 into train and test by a seeded hash of the question",
+        "answer_type": kind, "extractor": extractor, "headline": "strict",
+        "source": {"no_hub": "my own data", "files": {"format": "jsonl", "splits": splits}},
+        "fields": fields, **({} if "train" in splits else {"split": {"ratio": [3, 2], "seed": 1234}}),
+        "prompt": {"zero_shot_cot": "{question}\nLet's think step by step. " + ending},
+    }  # fmt: skip
+    parse(TaskSpec, spec, f"task {name}")
+    text = _yaml_text(spec)
+    first = _first_record(files[0])
+    notes = [
+        f"{files[0]}: the first row has no field {f!r} (its fields: {', '.join(first)}); edit "
+        f"fields.{key} in the task file"
+        for key, f in fields.items()
+        if f not in first
+    ]
+    return text, notes
+
+
+def _first_record(path: Path) -> dict[str, Any]:
+    for n, line in enumerate(read_utf8(path).splitlines(), 1):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(
+                    f"{path}: line {n}: not JSON ({e.msg}); one object per line."
+                ) from None
+            return record if isinstance(record, dict) else {}
+    raise UserError(f"{path}: holds no records; put one JSON object per line there.")
+
+
+def _yaml_text(data: dict[str, Any]) -> str:
+    """YAML of `data` with multi-line strings (prompts) as `|-` blocks, keys in their order."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=100)

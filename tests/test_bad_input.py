@@ -653,7 +653,8 @@ def test_disk_full_while_analysing(ws: Workspace, writes_before_full: int) -> No
     else:
         assert f"{ws.results / 't' / 'analysis'}: could not write the analysis" in msg, msg
     assert_untouched(ws, before)  # the earlier analysis/ is still there, byte for byte
-    assert sorted(p.name for p in (ws.results / "t").iterdir()) == ["analysis", "cells"]
+    left = sorted(p.name for p in (ws.results / "t").iterdir() if p.name != "index.csv")
+    assert left == ["analysis", "cells"]
 
 
 def test_disk_full_while_scoring(ws: Workspace) -> None:
@@ -670,6 +671,7 @@ def test_disk_full_while_scoring(ws: Workspace) -> None:
         "--out",
         scored,
         "--force",
+        "--partial",
     ]
     msg = error_message(cotgap(ws, *args, env=env, wrapper=DISK_FULL))
     assert f"{scored}: could not write (No space left on device)" in msg, msg
@@ -726,7 +728,7 @@ def test_line_separator_inside_a_json_string_is_not_a_line_break(ws: Workspace) 
         json.dumps({"id": SANDBOX_ID, "completion": "a\u2028The answer is 5."}, ensure_ascii=False)
         + "\n",
     )
-    out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds)
+    out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds, "--partial")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n_predictions"] == 1
 
@@ -774,7 +776,7 @@ def test_analyze_removes_what_a_killed_analysis_left(ws: Workspace) -> None:
         (root / stale / "leaderboard.csv").write_text("half,written\n")
     out = cotgap(ws, "analyze", ws.config())
     assert out.returncode == 0, out.stderr
-    assert sorted(p.name for p in root.iterdir()) == ["analysis", "cells"]
+    assert sorted(p.name for p in root.iterdir() if p.name != "index.csv") == ["analysis", "cells"]
 
 
 # Finding 5 of issue #23. The fix belongs in scoring.score_file and the `score` command, which the
@@ -788,10 +790,16 @@ def test_score_refuses_an_empty_predictions_file(ws: Workspace) -> None:
     assert_untouched(ws, before)
 
 
-def test_score_reports_items_without_a_prediction(ws: Workspace) -> None:
+def test_score_refuses_a_partial_file_unless_partial(ws: Workspace) -> None:
     preds = ws.jsonl("preds.jsonl", [{"id": SANDBOX_ID, "completion": "The answer is 5."}])
-    out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds)
+    before = ws.files()
+    msg = error_message(cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds))
+    assert str(preds) in msg and "coverage 0.5%" in msg and "--partial" in msg, msg
+    assert_untouched(ws, before)
+    out = cotgap(ws, "score", "--task", "sandbox_addition", "--predictions", preds, "--partial")
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["n_predictions"] == 1 and summary["missing"] == summary["n"] - 1
+    assert summary["coverage"] == 1 / summary["n"]
     assert f"{summary['missing']} of {summary['n']} items have no prediction" in out.stderr
+    assert "coverage: 1 of 200 items have a prediction" in out.stderr

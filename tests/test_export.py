@@ -74,6 +74,10 @@ def test_card_names_every_file_and_its_provenance(exported) -> None:
     front = yaml.safe_load(card.split("---")[1])
     paths = [c["data_files"][0]["path"] for c in front["configs"]]
     assert len(paths) == counts["files"] and all((out / p).exists() for p in paths)
+    splits = {c["data_files"][0]["path"].split("/")[0]: c["data_files"][0]["split"]
+              for c in front["configs"]}  # fmt: skip
+    expected = {"traces": "train", "train": "train", "predictions": "test"}
+    assert splits == {**expected, "leaderboard.parquet": "train"}, splits
     traces = card.split("### `traces/")[1].split("###")[0]
     for needle in ("sandbox_coin_flip v", "prompt_style", "temperature=", "teacher", "git"):
         assert needle in traces

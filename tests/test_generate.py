@@ -277,3 +277,20 @@ def _fresh(name: str, base: Path):
     if name != "vllm":
         return engine_for(name, base)
     return load(name, tiny_spec(base), lora_rank=None)
+
+
+def test_summary_counts_completions_without_an_answer():
+    """format_failure_rate: completions that finished but hold no answer (cut ones are counted
+    by truncation_rate only)."""
+    recs = [
+        {"id": "a", "correct": True, "finish_reason": "stop", "completion_tokens": 5,
+         "flexible": "5", "truncated": False},
+        {"id": "a", "correct": False, "finish_reason": "stop", "completion_tokens": 5,
+         "flexible": None, "truncated": False},
+        {"id": "b", "correct": False, "finish_reason": "length", "completion_tokens": 9,
+         "flexible": None, "truncated": True},
+        {"id": "b", "correct": False, "finish_reason": "stop", "completion_tokens": 5,
+         "flexible": None, "truncated": False},
+    ]  # fmt: skip
+    s = generate.summarize(recs, n_items=2, n=2, tokens=24, gen_s=1.0)
+    assert (s["format_failure_rate"], s["truncation_rate"]) == (0.5, 0.25)

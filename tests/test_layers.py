@@ -39,7 +39,19 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
     {"grid", "selection", "feasible", "offline"},
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
-    {"plan", "analyze", "studies", "report", "screening", "view", "export", "tracking"},
+    {
+        "plan",
+        "analyze",
+        "studies",
+        "report",
+        "screening",
+        "view",
+        "export",
+        "tracking",
+        "health",
+        "index",
+    },
+    {"quick"},
     {"cli", "__main__", ""},
 ]
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

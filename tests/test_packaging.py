@@ -79,6 +79,27 @@ def test_the_wheel_lists_every_task_and_prompts_bbh_without_a_data_dir(installed
     assert got["prompt"].count("So the answer is") == 3
 
 
+def test_the_wheel_lists_a_task_from_an_outside_folder_beside_the_built_in_ones(
+    installed, tmp_path
+):
+    import site
+
+    outside = tmp_path / "my-tasks"
+    outside.mkdir()
+    spec = yaml.safe_load((REPO / "harness" / "tasks_data" / "sandbox_addition.yaml").read_text())
+    (outside / "my_addition.yaml").write_text(yaml.safe_dump({**spec, "name": "my_addition"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COTGAP_TASK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(installed), *site.getsitepackages()])
+    env["COLUMNS"] = "300"  # one table row per task, names unabridged
+    out = subprocess.run(
+        [sys.executable, "-m", "harness", "ls", "tasks", "--include-path", str(outside)],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    listed = {line.split("│")[1].strip() for line in out.stdout.splitlines() if "│" in line}
+    assert listed == {*task_names(), "my_addition"}
+
+
 def test_packaged_bbh_prompts_are_the_data_dirs_bytes(shared_data):
     names = sorted(p.name for p in BBH_PROMPTS.glob("*.txt"))
     assert len(names) == 27 == len([n for n in task_names() if n.startswith("bbh_")])

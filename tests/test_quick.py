@@ -1,0 +1,304 @@
+"""Quick commands and own tasks: `cotgap eval` and `cotgap distill` without a YAML, in the grid's
+own cells; task folders added by `--include-path` and `task_paths:`; `cotgap task new`.
+
+    pytest -q tests/test_quick.py
+
+The eval and distill tests run the shipped sandbox zoo on a few items (nothing is mocked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cotgap(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != "COTGAP_TASK_PATH"}
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+def _own_task(tmp_path: Path, answer_type: str = "number") -> tuple[Path, Path]:
+    """A data dir with mine/sums/{train,test}.jsonl and a `tasks/` folder written by task new."""
+    data = tmp_path / "mine" / "sums"
+    data.mkdir(parents=True)
+    rows = [{"question": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1)} for a in range(6)]
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = cotgap("task", "new", "my_sums", "--data", str(data), "--answer-type", answer_type,
+                 cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    return tmp_path / "tasks", tmp_path / "mine"
+
+
+# --- own tasks -----------------------------------------------------------------------------------
+
+
+def test_task_new_writes_a_task_that_loads_and_scores(tmp_path, monkeypatch):
+    tasks_dir, data_dir = _own_task(tmp_path)
+    assert (tasks_dir / "my_sums.yaml").is_file()
+    listed = cotgap("ls", "tasks", "--include-path", str(tasks_dir), cwd=tmp_path)
+    assert listed.returncode == 0 and "my_sums" in listed.stdout, listed.stderr
+    without = cotgap("ls", "tasks", cwd=tmp_path)
+    assert "my_sums" not in without.stdout  # only where its folder is included
+
+    from harness import config, scoring, tasks
+
+    monkeypatch.setenv("COTGAP_TASK_PATH", str(tasks_dir))
+    items = tasks.load_items("my_sums", "test", data_dir)
+    assert [i.question for i in items][:2] == ["What is 0 + 1?", "What is 1 + 2?"]
+    assert config.task_file("my_sums") == tasks_dir / "my_sums.yaml"
+    preds = tmp_path / "preds.jsonl"
+    right, wrong = items[2], items[3]
+    preds.write_text(
+        json.dumps({"id": right.id, "completion": f"So the answer is {right.gold}."}) + "\n"
+        + json.dumps({"id": wrong.id, "completion": "The answer is 1000."}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "scored.jsonl"
+    summary = scoring.score_file("my_sums", preds, data_dir=data_dir, out_path=out, partial=True)
+    scored = {r["id"]: r["correct"] for r in map(json.loads, out.read_text().splitlines())}
+    assert scored[right.id] is True and scored[wrong.id] is False
+    assert summary["n"] == len(items)
+
+
+def test_task_new_choice_and_pool_validate(tmp_path):
+    data = tmp_path / "d" / "quiz"
+    data.mkdir(parents=True)
+    row = {"question": "Which is even?", "choices": ["3", "4"], "answer": "B"}
+    (data / "items.jsonl").write_text(json.dumps(row) + "\n")
+    out = cotgap("task", "new", "quiz", "--data", str(data), "--answer-type", "choice",
+                 cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    spec = yaml.safe_load((tmp_path / "tasks" / "quiz.yaml").read_text())
+    assert spec["source"]["files"]["splits"] == {"all": ["quiz/items.jsonl"]}
+    assert spec["answer_type"] == "choice" and spec["fields"]["choices"] == "choices"
+    again = cotgap("task", "new", "quiz", "--data", str(data), cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_task_new_refuses_a_folder_without_jsonl(tmp_path):
+    (tmp_path / "empty").mkdir()
+    out = cotgap("task", "new", "x", "--data", str(tmp_path / "empty"), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "train.jsonl and test.jsonl" in out.stderr
+    assert not (tmp_path / "tasks" / "x.yaml").exists()
+
+
+def test_task_paths_key_is_relative_to_the_config(tmp_path):
+    tasks_dir, _ = _own_task(tmp_path)
+    (tmp_path / "conf").mkdir()
+    cfg = {
+        "name": "own",
+        "task_paths": ["../tasks"],
+        "data_dir": "../mine",
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": ["my_sums"],
+        "train": {"max_steps": 2},
+    }
+    path = tmp_path / "conf" / "own.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    ok = cotgap("validate", str(path), cwd=REPO)
+    assert ok.returncode == 0, ok.stderr
+    path.write_text(yaml.safe_dump({**cfg, "task_paths": ["../nowhere"]}))
+    bad = cotgap("validate", str(path), cwd=REPO)
+    assert bad.returncode == 2 and "task_paths[0]" in bad.stderr
+    path.write_text(yaml.safe_dump({k: v for k, v in cfg.items() if k != "task_paths"}))
+    unknown = cotgap("validate", str(path), cwd=REPO)
+    assert unknown.returncode == 2 and "unknown task 'my_sums'" in unknown.stderr
+    flag = cotgap("validate", str(path), "--include-path", str(tasks_dir), cwd=REPO)
+    assert flag.returncode == 0, flag.stderr
+
+
+def test_include_path_must_be_a_folder(tmp_path):
+    out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
+    assert out.returncode == 2 and "--include-path" in out.stderr
+
+
+# --- quick commands ------------------------------------------------------------------------------
+
+
+def test_model_names():
+    from harness.quick import model_name
+
+    assert model_name("sandbox:teacher-s") == "teacher-s"
+    assert model_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen2.5-0.5B-Instruct"
+    assert model_name("gguf:/models/tiny q4.gguf") == "tiny-q4"
+    assert model_name("./models/my model/") == "my-model"
+
+
+def test_quick_errors_exit_2(tmp_path):
+    unknown = cotgap("eval", "sandbox:student-xs", "--tasks", "no_such_task", cwd=tmp_path)
+    assert unknown.returncode == 2 and "no_such_task" in unknown.stderr
+    seeds = cotgap("distill", "--teacher", "sandbox:teacher-s", "--student", "sandbox:student-xs",
+                   "--task", "sandbox_addition", "--seeds", "0,x", cwd=tmp_path)  # fmt: skip
+    assert seeds.returncode == 2 and "--seeds" in seeds.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
+    results = tmp_path / "res" / "quick"
+    args = ("--tasks", "sandbox_addition", "--limit", "6", "--max-tokens", "48")
+    out = cotgap("eval", "sandbox:student-xs", *args, "--results-dir", str(results), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    cell = Path(re.search(r"(\S+/cells/eval/[0-9a-f]+)", out.stdout.replace("\n", "")).group(1))
+    records = [json.loads(line) for line in (cell / "predictions.jsonl").read_text().splitlines()]
+    correct = [r["correct"] for r in records]
+    assert len(correct) == 6
+
+    from harness import tasks
+
+    items = tasks.load_items("sandbox_addition", "test", limit=6)
+    assert [r["question"] for r in records] == [it.question for it in items]
+    assert all(r["question"] in r["prompt"] and "completion" in r for r in records)
+
+    import csv
+
+    with open(results / "index.csv", encoding="utf-8") as f:
+        rows = {r["key"]: r for r in csv.DictReader(f)}
+    row = rows[cell.name]
+    assert (row["kind"], row["task"], row["model"], row["status"]) == (
+        "eval", "sandbox_addition", "student-xs", "complete"
+    )  # fmt: skip
+    assert (results / row["path"]).resolve() == cell.resolve()
+
+    from harness import inference
+
+    est = inference.accuracy(inference.baseline_arm(np.array(correct, dtype=float)))
+    expected = f"{100 * est.estimate:.1f} [{100 * est.low:.1f}, {100 * est.high:.1f}]"
+    assert expected in out.stdout
+
+    # a grid in the same folder with the same model, task limit and eval settings: nothing to do
+    cfg = {
+        "name": "quick",
+        "results_dir": str(results.parent),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "xs", "path": "sandbox:student-xs"}],
+        "tasks": [{"name": "sandbox_addition", "test_limit": 6}],
+        "train": {"max_steps": 2},
+        "evaluate": {"max_tokens": 48},
+    }
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    from harness import grid, plan
+    from harness.config import load_experiment
+    from harness.store import Store
+
+    exp = load_experiment(path)
+    base = grid.expand(exp).baselines["sandbox_addition", "xs"]
+    assert base.key == cell.name
+    assert plan.missing(Store(exp.root), [base]) == []
+    again = cotgap("eval", "sandbox:student-xs", *args, "--results-dir", str(results), cwd=tmp_path)
+    assert again.returncode == 0 and "computed 0 cell(s)" in again.stderr
+
+
+@pytest.mark.slow
+def test_distill_one_pair_prints_gain_interval_and_exploratory(tmp_path):
+    results = tmp_path / "res" / "quick"
+    out = cotgap(
+        "distill", "--teacher", "sandbox:teacher-s", "--student", "sandbox:student-xs",
+        "--task", "sandbox_addition", "--limit", "4", "--train-limit", "8", "--max-steps", "2",
+        "--batch-size", "4", "--samples", "1", "--max-tokens", "48", "--seeds", "0",
+        "--results-dir", str(results), cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"gain [+-]\d+\.\d pts \[[+-]\d+\.\d, [+-]\d+\.\d\]", out.stdout), out.stdout
+    assert "exploratory: 1 replicate(s)" in out.stdout
+    assert ": inconclusive" in out.stdout  # one replicate: never a verdict
+    kinds = {p.name for p in (results / "cells").iterdir()}
+    assert {"traces", "dataset", "adapter", "eval"} <= kinds
+
+
+# --- no silent failures --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
+    """Four tokens per completion: every trace is cut, none is correct, no example is left."""
+    cfg = {
+        "name": "cut",
+        "results_dir": str(tmp_path / "res"),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": [{"name": "sandbox_addition", "train_limit": 4, "test_limit": 4}],
+        "generate": {"n": 1, "max_tokens": 4},
+        "train": {"max_steps": 2, "per_device_batch_size": 2},
+        "evaluate": {"max_tokens": 4},
+    }
+    path = tmp_path / "cut.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = cotgap("run", str(path), "--only", "generate,train", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    err = " ".join(out.stderr.split())
+    assert (
+        "traces:teacher/t/sandbox_addition: 0 of 4 questions have a correct trace (4 samples)"
+        in err
+    )
+    assert "100% of 4 completions were cut at max_tokens (4); raise generate.max_tokens" in err
+    assert "0 training examples after filtering" in err and "train.max_length 512" in err
+
+
+# --- readable outputs ----------------------------------------------------------------------------
+
+
+def _grid_config(tmp_path: Path, student: str) -> Path:
+    cfg = {
+        "name": "idx",
+        "results_dir": str(tmp_path / "res"),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": student, "path": f"sandbox:{student}"}],
+        "tasks": [{"name": "sandbox_addition", "test_limit": 4}],
+        "train": {"max_steps": 2},
+    }
+    path = tmp_path / f"{student}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
+    import csv
+
+    from harness import grid, index
+    from harness.config import load_experiment
+    from harness.store import Store
+
+    exp = load_experiment(_grid_config(tmp_path, "student-xs"))
+    store = Store(exp.root)
+    cells = grid.expand(exp)
+    started = cells.baselines["sandbox_addition", "student-xs"]
+    store.cell_dir("eval", started.key).mkdir(parents=True)  # begun, not finished
+    path = index.write(store, cells)
+
+    def rows() -> dict[str, dict]:
+        with open(path, encoding="utf-8") as f:
+            return {r["key"]: r for r in csv.DictReader(f)}
+
+    first = rows()
+    assert set(first) == {c.key for c in cells}
+    assert first[started.key]["status"] == "partial"
+    assert first[started.key]["label"] == started.label
+    assert {r["status"] for k, r in first.items() if k != started.key} == {"missing"}
+    assert first[started.key]["path"] == f"cells/eval/{started.key}"
+
+    other = load_experiment(_grid_config(tmp_path, "student-s"))
+    index.write(store, grid.expand(other))
+    second = rows()
+    assert started.key in second  # its folder exists: kept
+    dropped = [c.key for c in cells if c.key != started.key and c.key not in second]
+    assert dropped  # the first grid's cells without a folder are not listed by the second
