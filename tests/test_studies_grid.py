@@ -22,7 +22,7 @@ from harness import view
 from harness.config import load_experiment
 from harness.sandbox import zoo
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.combos]  # make test-slow: a 380-cell grid
 STUDIES = ("stronger_teacher", "quantity_quality", "regime_flips", "capacity_gap", "delta_pairs",
            "families", "mix_parts", "selection_effect")  # fmt: skip
 WORDS = ("inconclusive", "too few", "better", "worse", "equivalent", "same", "flip", "wins",
