@@ -74,6 +74,8 @@ COLUMNS: dict[str, str] = {
     "mean_trace_tokens": "mean tokens of a training trace",
     "format_fail_rate": "share of the row's test completions with no extractable answer, in [0, 1]",
     "truncation_rate": "share of the row's test completions cut at max_tokens, in [0, 1]",
+    "two_pass_acc": "the row's test accuracy with the second answer pass (evaluate.answer_pass: an "
+    "answer trigger where a completion gave none), beside the one-pass accuracy; empty when off",
     "engine": "engine that wrote the row's test completions: vllm | hf",
     "student_size": "student parameters (the config's size, else counted in its local safetensors; empty if unknown)",
     "teacher_size": "teacher parameters (the config's size, else counted in its local safetensors; empty if unknown)",
@@ -522,6 +524,7 @@ def _rates(ev: EvalResult | None) -> dict[str, Any]:
     return {
         "format_fail_rate": ev.rate("format_failure_rate") if ev else NAN,
         "truncation_rate": ev.rate("truncation_rate") if ev else NAN,
+        "two_pass_acc": ev.rate("two_pass_accuracy") if ev else NAN,
         "engine": (ev.metrics.get("engine") or {}).get("name") if ev else None,
     }
 

@@ -886,3 +886,13 @@ def test_trace_draws_are_replicates_of_the_leaderboard_and_the_comparisons(tmp_p
     t = {x["teacher"]: x for x in decisions[TASK, "s_b", "per_teacher"]["teachers"]}
     # one unit per trace draw
     assert t["t_mid"]["n_replicates"] == 2 and t["t_mid"]["post_acc"] == pytest.approx(0.65)
+
+
+def test_the_second_answer_pass_is_its_own_column_never_the_headline() -> None:
+    """evaluate.answer_pass: the leaderboard shows its accuracy as two_pass_acc beside the
+    one-pass accuracy, which stays the verdicts' own; off, the column is empty."""
+    correct = {"a": True, "b": False, "c": False, "d": False}
+    on = analyze.EvalResult("k", correct, {"two_pass_accuracy": 0.75, "format_failure_rate": 0.5})
+    assert on.accuracy == 0.25 and analyze._rates(on)["two_pass_acc"] == 0.75
+    assert math.isnan(analyze._rates(analyze.EvalResult("k", correct, {}))["two_pass_acc"])
+    assert "two_pass_acc" in analyze.COLUMNS
