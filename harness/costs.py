@@ -73,6 +73,8 @@ def checkpointing(cfg: TrainConfig, n_params: float) -> bool:
 def arch(spec: ModelSpec) -> Arch | None:
     """The model's shape: its config.json when it is on this machine, else the KNOWN table
     (matched on the hub id), else None."""
+    if spec.served:  # runs on its server's hardware, not on this run's GPUs
+        return None
     path = Path(spec.path).expanduser()
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())

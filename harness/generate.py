@@ -30,6 +30,7 @@ from harness.store import Store, atomic_write_bytes
 if TYPE_CHECKING:
     from harness.cells import Traces
 
+JOURNAL = ".requests.jsonl"  # a served model's finished requests (not an output: a dot file)
 CHUNK_SEQS = 16384  # sequences per engine call: several times what a CPU engine runs at once (up
 # to 4,096), so that it rarely runs dry between calls
 
@@ -108,6 +109,7 @@ def _generate_cell(
     n, extractor = sampling.n, cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
+        engine.journal_to(c.dir / JOURNAL)  # a served model's answers, kept as they come
         drop_unfinished_items(c.dir / TRACES, n)
         scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
@@ -135,12 +137,19 @@ def _generate_cell(
             # extractor's version has changed since (its key leaves the version out)
             extractor=extractor,
             extractor_version=answers.get_extractor(extractor).version,
-            engine={"name": engine.name, "version": engine.version()},
+            engine={"name": engine.name, "version": engine.version(), **provenance(engine)},
             sampling=sampling.as_dict(),
             resumed_items=len(done),
         )
+        if usage := engine.usage():
+            summary["usage"] = usage
         c.finish(summary, packages=engine.packages)
     return summary
+
+
+def provenance(engine: Engine) -> dict[str, Any]:
+    """What a served model's engine says about where its samples came from (none in-process)."""
+    return engine.provenance() if hasattr(engine, "provenance") else {}
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:

@@ -385,6 +385,9 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     for m in (*exp.teachers, *exp.students):
         max_tokens = max(exp.generate.max_tokens, exp.evaluate.max_tokens)
         serve = costs.serving_memory(exp, m, max_tokens)
+        if m.served:
+            lines.append(f"  {m.name}: served at {m.engine.base_url} (no GPU memory here)")
+            continue
         if not serve:
             lines.append(f"  {m.name}: shape unknown (not on this machine, not in costs.KNOWN)")
             continue
