@@ -66,7 +66,7 @@ class OpenAIEndpoint(Strict):
     """A model served behind an OpenAI-compatible HTTP endpoint (vLLM's server, SGLang,
     llama.cpp's server, a hosted API): cotgap sends it requests instead of loading it."""
 
-    kind: Literal["openai"]
+    kind: Literal["openai"] = Field(description="marks the entry as served")
     base_url: str = Field(description="the API root, e.g. http://localhost:8000/v1")
     model: str = Field(min_length=1, description="the served model's name, as the server calls it")
     endpoint: Literal["chat", "completions"] = Field(
@@ -123,9 +123,7 @@ class ModelSpec(Strict):
     """A teacher or a student: a hub id, a local directory, or `sandbox:<zoo model>`."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    path: str | None = Field(
-        None, description="required, except for a served model (there: its tokenizer, if given)"
-    )
+    path: str | None = None
     revision: str | None = None
     chat_template: bool = True
     size: float | None = Field(None, gt=0, description="parameters, for display and size analyses")
