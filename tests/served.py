@@ -159,7 +159,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             proxy.upstream.rstrip("/") + self.path.removeprefix("/v1"),
             data=data if method == "POST" else None,
             method=method,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json"}
+            | {k: v for k, v in self.headers.items() if k.lower() == "authorization"},
         )
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
@@ -199,8 +200,11 @@ class FaultProxy(_Server):
 
 
 @contextlib.contextmanager
-def vllm_server(model_dir: str | Path, name: str, log: Path) -> Iterator[str]:
+def vllm_server(
+    model_dir: str | Path, name: str, log: Path, api_key: str | None = None
+) -> Iterator[str]:
     """vLLM's OpenAI-compatible server on `model_dir`, served as `name`; yields its /v1 URL.
+    With `api_key`, the server refuses requests without it.
     The server runs in a process group of its own; the whole group is killed on the way out,
     whatever happened (its engine core is a second process)."""
     port = free_port()
@@ -218,12 +222,14 @@ def vllm_server(model_dir: str | Path, name: str, log: Path) -> Iterator[str]:
         # a prompt prefilled whole: seeded sampling on a CPU cannot rewind its generator
         "--no-enable-chunked-prefill", "--seed", "0",
     ]  # fmt: skip
+    if api_key:
+        env["VLLM_API_KEY"] = api_key  # read by the server; kept off its command line
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_ready(url, proc, log)
+        _wait_ready(url, proc, log, api_key)
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -231,12 +237,18 @@ def vllm_server(model_dir: str | Path, name: str, log: Path) -> Iterator[str]:
         proc.wait()
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, limit_s: float = 300) -> None:
+def _wait_ready(
+    url: str, proc: subprocess.Popen, log: Path, api_key: str | None, limit_s: float = 300
+) -> None:
     deadline = time.monotonic() + limit_s
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url + "/models", timeout=2) as r:
+            raise RuntimeError(
+                f"vLLM server exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+            )
+        probe = urllib.request.Request(url + "/models", headers=headers)
+        with contextlib.suppress(OSError), urllib.request.urlopen(probe, timeout=2) as r:
             if r.status == 200:
                 return
         time.sleep(1)

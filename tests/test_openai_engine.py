@@ -136,11 +136,25 @@ def _exp(**teacher) -> dict:
         ({"engine": {"kind": "vllm"}}, "unknown engine kind"),
         ({"engine": {"dtype": "float32"}}, "give its path"),
         (
-            {"engine": {"kind": "openai", "base_url": "http://h/v1", "model": "m", "max_concurency": 2}},
+            {
+                "engine": {
+                    "kind": "openai",
+                    "base_url": "http://h/v1",
+                    "model": "m",
+                    "max_concurency": 2,
+                }
+            },
             "did you mean 'max_concurrency'",
         ),
         (
-            {"engine": {"kind": "openai", "base_url": "http://h/v1", "model": "m", "endpoint": "completions"}},
+            {
+                "engine": {
+                    "kind": "openai",
+                    "base_url": "http://h/v1",
+                    "model": "m",
+                    "endpoint": "completions",
+                }
+            },
             "cannot apply the chat template",
         ),
     ],
