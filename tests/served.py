@@ -6,44 +6,42 @@
 - `FakeUpstream`: a stand-in for an OpenAI-compatible server where none can run (the fast
   tests): /v1/completions and /v1/chat/completions answering "What is a+b?" with a worked sum.
   It is not a model; the slow tests put the proxy in front of vLLM's real server instead.
-- `vllm_server`: `python -m vllm.entrypoints.openai.api_server` on a sandbox model, on a free
-  port, in its own process group, killed (the whole group) when the context ends.
+- `vllm_server` (benchmarks/vllm_server.py): vLLM's OpenAI-compatible server on a sandbox model.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import re
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+
+from benchmarks.vllm_server import vllm_server
+
+__all__ = ["FAULTS", "FakeUpstream", "FaultProxy", "vllm_server"]
 
 FAULTS = ("429", "500", "slow", "truncated", "drop")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class _Quiet(ThreadingHTTPServer):
+    """A client that went away mid-request (a killed run, a timed-out attempt) is expected here."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass
 
 
 class _Server:
     """A ThreadingHTTPServer on a free localhost port, in a daemon thread."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = _Quiet(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.httpd.owner = self  # type: ignore[attr-defined]
         self.port = self.httpd.server_address[1]
@@ -197,59 +195,3 @@ class FaultProxy(_Server):
             fault = self.rng.choice(self.faults)
             self.injected[fault] += 1
             return fault
-
-
-@contextlib.contextmanager
-def vllm_server(
-    model_dir: str | Path, name: str, log: Path, api_key: str | None = None
-) -> Iterator[str]:
-    """vLLM's OpenAI-compatible server on `model_dir`, served as `name`; yields its /v1 URL.
-    With `api_key`, the server refuses requests without it.
-    The server runs in a process group of its own; the whole group is killed on the way out,
-    whatever happened (its engine core is a second process)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-        "HF_HUB_OFFLINE": "1",
-    }
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30),
-        # a prompt prefilled whole: seeded sampling on a CPU cannot rewind its generator
-        "--no-enable-chunked-prefill", "--seed", "0",
-    ]  # fmt: skip
-    if api_key:
-        env["VLLM_API_KEY"] = api_key  # read by the server; kept off its command line
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_ready(url, proc, log, api_key)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _wait_ready(
-    url: str, proc: subprocess.Popen, log: Path, api_key: str | None, limit_s: float = 300
-) -> None:
-    deadline = time.monotonic() + limit_s
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"vLLM server exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
-            )
-        probe = urllib.request.Request(url + "/models", headers=headers)
-        with contextlib.suppress(OSError), urllib.request.urlopen(probe, timeout=2) as r:
-            if r.status == 200:
-                return
-        time.sleep(1)
-    raise RuntimeError(f"vLLM server not ready after {limit_s} s:\n{log.read_text()[-3000:]}")
