@@ -174,3 +174,46 @@ def test_a_student_cannot_be_served() -> None:
     data["students"][0]["engine"] = {"kind": "openai", "base_url": "http://h/v1", "model": "m"}
     with pytest.raises(UserError, match="only a teacher may be a served model"):
         parse(Experiment, data, "exp.yaml")
+
+
+def test_the_generate_stage_with_a_served_teacher(tmp_path: Path, monkeypatch) -> None:
+    """The traces stage end to end against the stand-in upstream: records and usage in the cell,
+    the generation cost from the price table, and the API key in no file of the results."""
+    from harness import generate, spend
+    from harness import grid as grids
+    from harness.config import Experiment
+    from harness.store import Store
+
+    key = "sk-fake-3c9e1b7d-never-on-disk"
+    monkeypatch.setenv("COTGAP_TEST_SERVED_KEY", key)
+    with FakeUpstream() as up:
+        engine = {
+            "kind": "openai",
+            "base_url": up.url,
+            "model": "m",
+            "api_key_env": "COTGAP_TEST_SERVED_KEY",
+        }
+        data = _exp(engine=engine, chat_template=False)
+        data["tasks"] = [{"name": "sandbox_addition", "train_limit": 10}]
+        data["generate"] = {"n": 2, "temperature": 0.7}
+        data["results_dir"] = str(tmp_path / "results")
+        data["costs"] = {
+            "prices": [{"model": "t", "input_per_million": 2.0, "output_per_million": 4.0}]
+        }
+        exp = parse(Experiment, data, "exp.yaml")
+        store, cells = Store(exp.root), list(grids.expand(exp).traces.values())
+        summaries = generate.run(exp, store, cells, progress=False, inprocess=True)
+    [summary] = summaries.values()
+    usage = summary["usage"]
+    assert summary["n_samples"] == 20 and summary["yield"] == 1.0  # the stand-in adds correctly
+    assert usage["requests"] == 10 and usage["served_model"] == "fake-m"
+    assert summary["engine"]["served_model"] == "fake-m"
+    cost = spend.traces_cost(exp, store, "t", cells[0].key)
+    sent = [r["messages"][-1]["content"] for r in up.requests]
+    assert cost["gen_prompt_tokens"] == sum(
+        len(p) for p in sent
+    )  # the stand-in's usage: characters
+    expected = (cost["gen_prompt_tokens"] * 2.0 + cost["gen_completion_tokens"] * 4.0) / 1e6
+    assert cost["gen_cost"] == pytest.approx(expected) and cost["gen_device_s"] == 0
+    leaked = [p for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
+    assert leaked == []
