@@ -125,6 +125,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         data = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         proxy: FaultProxy = self.server.owner  # type: ignore[attr-defined]
+        proxy.arrivals.append(time.monotonic())
         fault = proxy.next_fault()
         if fault == "429":
             body = b'{"error": {"message": "rate limited", "type": "rate_limit"}}'
@@ -187,6 +188,7 @@ class FaultProxy(_Server):
         self.lock = threading.Lock()
         self.injected: Counter = Counter()
         self.delivered: Counter = Counter()
+        self.arrivals: list[float] = []  # time.monotonic() of each request
 
     def next_fault(self) -> str | None:
         with self.lock:

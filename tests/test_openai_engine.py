@@ -84,6 +84,16 @@ def test_a_request_that_keeps_failing_is_recorded_with_its_reason(tmp_path: Path
         assert engine.usage()["retries"] == 9
 
 
+def test_retry_after_holds_the_next_attempt_back(tmp_path: Path) -> None:
+    with FakeUpstream() as up, FaultProxy(up.url, rate=1.0, faults=("429",)) as proxy:
+        proxy.retry_after_s = 1.5
+        engine = load("vllm", _spec(proxy.url, max_attempts=2))
+        with pytest.raises(RequestsFailed, match="HTTP 429"):
+            engine.generate(_requests(1), SAMPLED)
+    first, second = proxy.arrivals
+    assert second - first >= 1.5  # a lower bound the client must keep, not a speed
+
+
 def test_a_bad_request_is_not_retried(tmp_path: Path) -> None:
     with FakeUpstream() as up:
         spec = _spec(up.url.replace("/v1", "/nowhere"), max_attempts=5)

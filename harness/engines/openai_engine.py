@@ -206,6 +206,7 @@ class OpenAIEngine(Engine):
         self.served_model: str | None = None  # the name the server reports in its responses
         self.journal = Journal()
         self.rng = random.Random()
+        self._running: tuple | None = None  # (event loop, its main task) while requests run
 
     def version(self) -> str:
         import openai
@@ -271,6 +272,10 @@ class OpenAIEngine(Engine):
                     failures.append(record)
         finally:
             stop.set()
+            if self._running is not None and thread.is_alive():  # stopped early: cancel in-flight
+                loop, main = self._running
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(main.cancel)
             thread.join()
         if failures:
             first = failures[0]
@@ -294,6 +299,7 @@ class OpenAIEngine(Engine):
             max_retries=0,
         )
         limits = _Limits(s)
+        self._running = (asyncio.get_running_loop(), asyncio.current_task())
         async with client:
             tasks = [asyncio.create_task(self._one(client, limits, job, stop)) for job in jobs]
             try:
@@ -306,6 +312,7 @@ class OpenAIEngine(Engine):
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+                self._running = None
 
     def _finished(self, i: int, record: dict[str, Any], out: queue.Queue) -> None:
         """Journal a finished request, count it, and hand it to the consumer."""
@@ -328,6 +335,7 @@ class OpenAIEngine(Engine):
                     if not retry:
                         break
                     error_wait = wait
+                    limits.pause(wait)
                 else:
                     self.served_model = self.served_model or model
                     record = {"key": key, "id": rid, "attempts": attempt, "model": model}
@@ -412,16 +420,24 @@ class OpenAIEngine(Engine):
 
 
 class _Limits:
-    """Concurrency and the per-minute limits of one engine call."""
+    """Concurrency, the per-minute limits, and the server's Retry-After, of one engine call."""
 
     def __init__(self, s: OpenAIEndpoint):
         self.sem = asyncio.Semaphore(s.max_concurrency)
         self.rpm = RateLimit(s.requests_per_minute) if s.requests_per_minute else None
         self.tpm = RateLimit(s.tokens_per_minute) if s.tokens_per_minute else None
+        self.not_before = 0.0  # monotonic time before which no request is sent
+
+    def pause(self, seconds: float | None) -> None:
+        """A 429's Retry-After holds back every request, not only the one that got it."""
+        if seconds:
+            self.not_before = max(self.not_before, time.monotonic() + seconds)
 
     @contextlib.asynccontextmanager
     async def slot(self, body: dict[str, Any]) -> Any:
         async with self.sem:
+            while (wait := self.not_before - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
             if self.rpm:
                 await self.rpm.take(1)
             if self.tpm:
