@@ -34,7 +34,15 @@ from harness.config import AnalysisConfig, Experiment, canonical
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS, JOURNAL, provenance, requests, task_items
+from harness.generate import (
+    CHUNK_SEQS,
+    JOURNAL,
+    journal_to,
+    provenance,
+    requests,
+    served_usage,
+    task_items,
+)
 from harness.scoring import METRICS, PREDICTIONS, record
 from harness.store import Store, json_text
 
@@ -196,7 +204,7 @@ def _evaluate_cells(
                 results[job.cell.key] = _finish(exp, job, engine, session_id, 1)
         for window in _windows(todo, max(1, chunk_seqs // ev.n), engine):
             shared = list(dict.fromkeys(job for job, _ in window))
-            engine.journal_to(shared[0].out.dir / JOURNAL)
+            journal_to(engine, shared[0].out.dir / JOURNAL)
             more = f" (+{len(shared) - 1} more)" if len(shared) > 1 else ""
             engines.emit({"cell": shared[0].cell.label + more})
             batch = [
@@ -227,7 +235,7 @@ def _evaluate_cells(
 def _windows(todo: list, per_chunk: int, engine: Engine) -> Iterator[list]:
     """The (job, item) windows the engine is given. A served model's windows hold one cell's
     items each, so that each cell journals its own requests (and counts its own cost)."""
-    if engine.name != "openai":
+    if getattr(engine, "name", "") != "openai":
         for start in range(0, len(todo), per_chunk):
             yield todo[start : start + per_chunk]
         return
@@ -297,8 +305,8 @@ def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared:
         tokens_per_s=round(job.batch_tokens / gen_s, 1) if gen_s > 0 else None,
         batched_cells=shared,
     )
-    engine.journal_to(job.out.dir / JOURNAL)  # this cell's requests (reopened: it may be resumed)
-    if usage := engine.usage():
+    journal_to(engine, job.out.dir / JOURNAL)  # this cell's requests (reopened: it may be resumed)
+    if usage := served_usage(engine):
         metrics["usage"] = usage
     job.out.write_json(METRICS, metrics)
     job.out.finish(metrics, packages=engine.packages)

@@ -109,7 +109,7 @@ def _generate_cell(
     n, extractor = sampling.n, cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
-        engine.journal_to(c.dir / JOURNAL)  # a served model's answers, kept as they come
+        journal_to(engine, c.dir / JOURNAL)  # a served model's answers, kept as they come
         drop_unfinished_items(c.dir / TRACES, n)
         scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
@@ -141,7 +141,7 @@ def _generate_cell(
             sampling=sampling.as_dict(),
             resumed_items=len(done),
         )
-        if usage := engine.usage():
+        if usage := served_usage(engine):
             summary["usage"] = usage
         c.finish(summary, packages=engine.packages)
     return summary
@@ -150,6 +150,19 @@ def _generate_cell(
 def provenance(engine: Engine) -> dict[str, Any]:
     """What a served model's engine says about where its samples came from (none in-process)."""
     return engine.provenance() if hasattr(engine, "provenance") else {}
+
+
+# An engine here is anything with Engine's `stream` (tests script their own): the served-model
+# calls are optional.
+def journal_to(engine: Engine, path: Path) -> None:
+    """Point a served model's engine at the journal of the cell it now works for."""
+    if hasattr(engine, "journal_to"):
+        engine.journal_to(path)
+
+
+def served_usage(engine: Engine) -> dict[str, Any]:
+    """A served model's requests, retries and tokens in its current journal (none in-process)."""
+    return engine.usage() if hasattr(engine, "usage") else {}
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:
