@@ -227,3 +227,20 @@ def test_the_generate_stage_with_a_served_teacher(tmp_path: Path, monkeypatch) -
     assert cost["gen_cost"] == pytest.approx(expected) and cost["gen_device_s"] == 0
     leaked = [p for p in tmp_path.rglob("*") if p.is_file() and key.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_plan_prices_a_served_teacher_and_leaves_it_out_of_gpu_hours() -> None:
+    from harness import costs
+    from harness.config import Experiment
+
+    engine = {"kind": "openai", "base_url": "http://h/v1", "model": "m"}
+    data = _exp(engine=engine)
+    data["teachers"].append({"name": "u", "engine": {**engine, "model": "other"}})
+    data["costs"] = {
+        "prices": [{"model": "t", "input_per_million": 1.0, "output_per_million": 3.0}]
+    }
+    exp = parse(Experiment, data, "exp.yaml")
+    tokens = {("generate", "t"): 2e6, ("evaluate", "t"): 1e6, ("generate", "u"): 5e5}
+    assert costs.served_cost(exp, tokens)["t"] == pytest.approx(9.0)
+    assert costs.served_cost(exp, tokens)["u"] != costs.served_cost(exp, tokens)["u"]  # no price
+    assert costs.gpu_hours(exp, tokens) == {}
