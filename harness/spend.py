@@ -32,7 +32,8 @@ COLUMNS: dict[str, str] = {
     "train_device_s": "device-seconds of the row's training run (distilled rows)",
     "total_cost": "gen_cost of the row's trace draw + its training at costs.device_hour "
     "(distilled rows)",
-    "gain_per_cost": "gain / total_cost: accuracy points gained per unit of cost (distilled rows)",
+    "gain_per_cost": "gain / total_cost: the gain (a fraction, as gain) per unit of cost "
+    "(distilled rows)",
 }
 
 
