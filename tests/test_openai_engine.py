@@ -244,3 +244,19 @@ def test_plan_prices_a_served_teacher_and_leaves_it_out_of_gpu_hours() -> None:
     assert costs.served_cost(exp, tokens)["t"] == pytest.approx(9.0)
     assert costs.served_cost(exp, tokens)["u"] != costs.served_cost(exp, tokens)["u"]  # no price
     assert costs.gpu_hours(exp, tokens) == {}
+
+
+def test_the_rate_limit_spends_a_minute_budget() -> None:
+    import asyncio
+    import time
+
+    from harness.engines.openai_engine import RateLimit
+
+    async def run() -> float:
+        limit = RateLimit(120)  # two a second
+        await limit.take(120)  # a full minute's budget at once
+        t0 = time.monotonic()
+        await limit.take(2)  # then it refills at two a second
+        return time.monotonic() - t0
+
+    assert asyncio.run(run()) >= 0.9  # a lower bound the limit must keep, not a speed
