@@ -77,7 +77,9 @@ class _FakeHandler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
-            return _reply(self, 404, b'{"error": {"message": "no such route"}}')
+            # echoes the credentials it got, as careless servers do
+            said = f"no route {self.path} (credentials: {self.headers.get('Authorization')})"
+            return _reply(self, 404, json.dumps({"error": {"message": said}}).encode())
         self.server.owner.requests.append(body)  # type: ignore[attr-defined]
         chat = self.path.endswith("/chat/completions")
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]

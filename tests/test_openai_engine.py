@@ -122,6 +122,19 @@ def test_backoff_honours_retry_after() -> None:
     assert retry_after({}) is None
 
 
+def test_an_echoed_api_key_is_not_journaled(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("COTGAP_TEST_SERVED_KEY", "sk-echoed-91f2")
+    with FakeUpstream() as up:
+        # a route the stand-in does not have: its 404 message echoes the key
+        spec = _spec(up.url.replace("/v1", "/nowhere"), api_key_env="COTGAP_TEST_SERVED_KEY")
+        engine = load("vllm", spec)
+        engine.journal_to(tmp_path / "j.jsonl")
+        with pytest.raises(RequestsFailed) as e:
+            engine.generate(_requests(1), SAMPLED)
+    assert "<api key>" in str(e.value) and "sk-echoed-91f2" not in str(e.value)
+    assert "sk-echoed-91f2" not in (tmp_path / "j.jsonl").read_text()
+
+
 def test_the_api_key_comes_from_the_environment_only(monkeypatch) -> None:
     spec = _spec("http://127.0.0.1:9/v1", api_key_env="COTGAP_TEST_SERVED_KEY")
     monkeypatch.delenv("COTGAP_TEST_SERVED_KEY", raising=False)

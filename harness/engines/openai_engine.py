@@ -208,6 +208,12 @@ class OpenAIEngine(Engine):
         self.rng = random.Random()
         self._running: tuple | None = None  # (event loop, its main task) while requests run
 
+    def _redact(self, text: str) -> str:
+        """`text` without the API key (a server may echo it in an error message)."""
+        if self.settings.api_key_env is None:
+            return text
+        return text.replace(self._api_key, "<api key>")
+
     def version(self) -> str:
         import openai
 
@@ -331,7 +337,7 @@ class OpenAIEngine(Engine):
                     choices, usage, model = await self._call(client, body)
                 except Exception as e:  # noqa: BLE001 (classify re-raises what it does not know)
                     retry, reason, wait = classify(e)
-                    reasons.append(reason)
+                    reasons.append(self._redact(reason))
                     if not retry:
                         break
                     error_wait = wait
