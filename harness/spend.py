@@ -24,12 +24,14 @@ COLUMNS: dict[str, str] = {
     "gen_prompt_tokens": "prompt tokens the teacher's traces used (served teachers: the server's "
     "usage records; teacher rows: every trace draw, distilled rows: the row's own draw)",
     "gen_completion_tokens": "completion tokens of those traces (as gen_prompt_tokens)",
-    "gen_device_s": "device-seconds of generating those traces in-process (0 for a served teacher)",
+    "gen_device_s": "device-seconds of generating those traces in-process (0 for a served teacher; "
+    "shown when costs.device_hour is set)",
     "gen_retries": "retried requests of a served teacher's traces (429s, 5xx, timeouts, dropped "
     "connections, malformed answers)",
     "gen_cost": "what those traces cost: tokens at costs.prices, device time at costs.device_hour "
     "(empty without the price it needs)",
-    "train_device_s": "device-seconds of the row's training run (distilled rows)",
+    "train_device_s": "device-seconds of the row's training run (distilled rows; shown when "
+    "costs.device_hour is set)",
     "total_cost": "gen_cost of the row's trace draw + its training at costs.device_hour "
     "(distilled rows)",
     "gain_per_cost": "gain / total_cost: the gain (a fraction, as gain) per unit of cost "
@@ -45,7 +47,11 @@ def traces_cost(exp: Experiment, store: Store, teacher: str, key: str | None) ->
                               "gen_retries", "gen_cost"), math.nan)  # fmt: skip
     usage = summary.get("usage") or {}
     spec = exp.model(teacher)
-    device_s = 0.0 if spec.served else summary.get("generation_s", 0.0) * _devices(exp, teacher)
+    device_s = (
+        0.0
+        if spec.served
+        else _timed(exp, summary.get("generation_s", 0.0) * _devices(exp, teacher))
+    )
     prompt = usage.get("prompt_tokens", 0)
     completion = usage.get("completion_tokens", summary.get("generated_tokens", 0))
     if not spec.served:  # the engine's own count: prompts of the records, once per item
@@ -97,7 +103,14 @@ def _train_device_s(exp: Experiment, store: Store, row: Any) -> float:
     summary = _summary(store, "adapter", row.get("adapter_key"))
     if summary is None or summary.get("wall_s") is None:
         return math.nan
-    return float(summary["wall_s"]) * _devices(exp, row["student"])
+    return _timed(exp, float(summary["wall_s"]) * _devices(exp, row["student"]))
+
+
+def _timed(exp: Experiment, seconds: float) -> float:
+    """Device-seconds enter the leaderboard only when `costs.device_hour` prices them: they are
+    measured times, and without a rate the leaderboard stays a function of the cells' results
+    alone (a resumed run writes the same bytes as an uninterrupted one)."""
+    return seconds if exp.costs.device_hour is not None else math.nan
 
 
 def _devices(exp: Experiment, model: str) -> float:
