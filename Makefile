@@ -70,10 +70,10 @@ TEST_WORKERS ?= 2
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos" --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served" --durations=15
 
 test-slow: install real-models
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "faults or real_model or combos" -rs --durations=8
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "faults or real_model or combos or served" -rs --durations=8
 
 real-models: install
 	@$(install_real_models)

@@ -50,11 +50,13 @@ NOTES = {
     },
     "ModelSpec": {
         "name": "the name used in commands, results and the leaderboard",
-        "path": "hub id, local directory, `sandbox:<zoo model>` or `gguf:<file or package>`",
+        "path": "hub id, local directory, `sandbox:<zoo model>` or `gguf:<file or package>`; "
+        "a served model may leave it out (there it names a local copy of its tokenizer)",
         "revision": "hub revision (commit, tag or branch)",
         "chat_template": "render prompts through the tokenizer's chat template",
         "trust_remote_code": "allow the model's own code from the hub (off unless set)",
-        "engine": "engine settings for this model",
+        "engine": "engine settings for this model; `kind: openai` for a served model "
+        "([served models](served-models.md))",
         "resources": "what one cell of this model asks a scheduler for",
     },
     "TaskRef": {"name": "a task name (`cotgap ls tasks`)"},

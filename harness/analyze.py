@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pandas as pd
 
-from harness import answers, inference, models, regimes, scoring, screening, selection, stats
+from harness import answers, inference, models, regimes, scoring, screening, selection, spend, stats
 from harness import grid as grids
 from harness.cells import Eval, Traces
 from harness.config import AnalysisConfig, Experiment, canonical
@@ -88,6 +88,7 @@ COLUMNS: dict[str, str] = {
     "(task, student, teacher, regime) (empty with one): the replicate-to-replicate noise floor",
     "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
+COLUMNS.update(spend.COLUMNS)  # what the rows cost (harness/spend.py)
 _DTYPES = {
     "seed": "Int64",
     "trace_seed": "Int64",
@@ -312,6 +313,7 @@ def leaderboard(
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     decisions = compare_groups(exp.analysis, dict(_group_arms(reader, board)))
     _decision_columns(board, decisions)
+    spend.add_columns(exp, store, grid, board)
     rescored = Counter(kind for kind, _ in reader.rescored)
     skipped = _skipped_by_design(exp, grid, store, board)
     missing = Counter(kind for kind, key in reader.absent if key not in skipped)

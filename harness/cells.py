@@ -110,7 +110,11 @@ class Cell:
         """What the cell's group asks of a scheduler: the model's `resources`, or from its size."""
         spec = exp.model(self.model)
         r, e = spec.resources, spec.engine
-        parallel = e.tensor_parallel_size * e.pipeline_parallel_size * e.data_parallel_size
+        parallel = (
+            0  # a served model's requests need no device here
+            if spec.served
+            else e.tensor_parallel_size * e.pipeline_parallel_size * e.data_parallel_size
+        )
         gpus = r.gpus if r.gpus is not None else float(self._parallel(exp, parallel))
         memory = r.memory_gb
         if memory is None and spec.size:
@@ -136,7 +140,7 @@ class Traces(Cell):
         seed = exp.generate.seed if trace_seed is None else trace_seed
         config = {"model": ident, "task": _task(exp, task, "train")}
         config["generate"] = _shared(exp, ("generate", seed), lambda: _generate_identity(exp, seed))
-        key = cell_key("traces", config, (), engine_versions(exp.generate.engine))
+        key = cell_key("traces", config, (), engine_versions(exp.generate.engine, ident))
         return cls(key, config, (), teacher, task, trace_seed=trace_seed)
 
 
@@ -186,7 +190,7 @@ class Eval(Cell):
         task_id = dict(task_identity(exp, task, sel.split))
         task_id["limit"] = sel.limit or task_id["limit"]
         config = {"model": ident, "adapter": None, "task": task_id, "evaluate": canonical(ev)}
-        key = cell_key("eval", config, (), engine_versions(exp.evaluate.engine))
+        key = cell_key("eval", config, (), engine_versions(exp.evaluate.engine, ident))
         return cls(key, config, (), teacher, task, role="select")
 
     @property
@@ -212,7 +216,7 @@ class Eval(Cell):
             "evaluate": _shared(exp, ("evaluate",), lambda: canonical(exp.evaluate)),
         }
         up = (adapter.key,) if from_grid else ()
-        key = cell_key("eval", config, up, engine_versions(exp.evaluate.engine))
+        key = cell_key("eval", config, up, engine_versions(exp.evaluate.engine, ident))
         return cls(key, config, up, model, task, **names)
 
 
@@ -423,7 +427,11 @@ def _task(exp: Experiment, name: str, split: str) -> dict[str, Any]:
     return _shared(exp, ("task", name, split), lambda: task_identity(exp, name, split))
 
 
-def engine_versions(engine: str) -> dict[str, str]:
+def engine_versions(engine: str, ident: dict | None = None) -> dict[str, str]:
+    """The package versions that change what `engine` outputs for the model of `ident`; a
+    served model (its identity names it) is answered by its server: no local package matters."""
+    if ident is not None and "served" in ident:
+        return {}
     if engine == "vllm":
         return {"vllm": vllm_version(), **package_versions(["transformers"])}
     return package_versions(["torch", "transformers", "peft"])

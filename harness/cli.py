@@ -161,6 +161,14 @@ def validate(
             typer.echo(
                 f"ok  {path}: {len(exp.teachers)} teachers x {len(exp.students)} students x {len(exp.tasks)} tasks"
             )
+            for (
+                m
+            ) in exp.teachers:  # the key is read when the engine starts: say now if it is not set
+                var = m.engine.api_key_env if m.served else None
+                if var and not os.environ.get(var):
+                    typer.echo(
+                        f"    note: teacher {m.name} reads its API key from ${var}, not set here"
+                    )
         except UserError as e:
             errors.append(str(e))
     if errors:

@@ -30,7 +30,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_serializer,
@@ -61,6 +63,55 @@ class EngineSettings(Strict):
     quantization: str | None = None
 
 
+class OpenAIEndpoint(Strict):
+    """A model served behind an OpenAI-compatible HTTP endpoint (vLLM's server, SGLang,
+    llama.cpp's server, a hosted API): cotgap sends it requests instead of loading it."""
+
+    kind: Literal["openai"] = Field(description="marks the entry as served")
+    base_url: str = Field(description="the API root, e.g. http://localhost:8000/v1")
+    model: str = Field(min_length=1, description="the served model's name, as the server calls it")
+    endpoint: Literal["chat", "completions"] = Field(
+        "chat",
+        description="chat: the server applies its chat template; completions: cotgap renders the "
+        "prompt (with the tokenizer at the entry's `path`, when given) and sends it as is",
+    )
+    api_key_env: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="the environment variable holding the API key (never written anywhere); "
+        "none: no key (a local server)",
+    )
+    max_concurrency: int = Field(8, ge=1, le=1024, description="requests in flight at once")
+    requests_per_minute: float | None = Field(None, gt=0, description="client-side rate limit")
+    tokens_per_minute: float | None = Field(
+        None, gt=0, description="client-side limit on prompt + max_tokens x n per minute"
+    )
+    timeout_s: float = Field(600, gt=0, description="one request's limit before it is retried")
+    max_attempts: int = Field(
+        8, ge=1, le=100, description="attempts per request before it is recorded as failed"
+    )
+    vllm_extensions: bool = Field(
+        False,
+        description="also ask for vLLM's own fields (top_k, each choice's token ids): a vLLM "
+        "server only; other servers refuse or ignore unknown fields",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+            raise ValueError(
+                f"{url!r} is not an http(s) URL; give the API root, e.g. http://localhost:8000/v1"
+            )
+        return url.rstrip("/")
+
+
+def _engine_kind(data: Any) -> str:
+    # only a served model names its kind: an entry without `kind` is an engine cotgap runs
+    kind = data.get("kind", "local") if isinstance(data, dict) else getattr(data, "kind", "local")
+    return "openai" if kind == "openai" else "local" if kind == "local" else "unknown"
+
+
 class Resources(Strict):
     """What one cell of this model needs from a scheduler (the Ray executor); None = derive from size."""
 
@@ -73,13 +124,46 @@ class ModelSpec(Strict):
     """A teacher or a student: a hub id, a local directory, or `sandbox:<zoo model>`."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    path: str
+    path: str | None = None
     revision: str | None = None
     chat_template: bool = True
     size: float | None = Field(None, gt=0, description="parameters, for display and size analyses")
     trust_remote_code: bool = False
-    engine: EngineSettings = EngineSettings()
+    engine: Annotated[
+        Annotated[EngineSettings, Tag("local")] | Annotated[OpenAIEndpoint, Tag("openai")],
+        Discriminator(
+            _engine_kind,
+            custom_error_type="engine_kind",
+            custom_error_message="unknown engine kind: give kind: openai for a served model, or "
+            "leave kind out for one cotgap runs itself (generate.engine / evaluate.engine)",
+        ),
+    ] = EngineSettings()
     resources: Resources = Resources()
+
+    @model_validator(mode="after")
+    def _path(self) -> ModelSpec:
+        if self.path is None and not self.served:
+            raise ValueError(
+                f"model {self.name!r}: give its path (a directory, hub id or sandbox:<name>); only "
+                "a served model (engine.kind: openai) may leave it out"
+            )
+        if (
+            self.served
+            and not self.path
+            and self.engine.endpoint == "completions"
+            and self.chat_template
+        ):
+            raise ValueError(
+                f"model {self.name!r}: endpoint completions sends prompts as cotgap renders "
+                "them, and without a `path` (a local copy of its tokenizer) cotgap cannot apply "
+                "the chat template; give path, set chat_template: false, or use endpoint chat"
+            )
+        return self
+
+    @property
+    def served(self) -> bool:
+        """Whether an OpenAI-compatible server runs this model (engine.kind: openai)."""
+        return isinstance(self.engine, OpenAIEndpoint)
 
 
 class TaskRef(Strict):
@@ -575,6 +659,14 @@ class Throughput(Strict):
     train: float | None = Field(None, gt=0, description="trained tokens/s per GPU")
 
 
+class Price(Strict):
+    """What a model's tokens cost, per million (any currency; every price of a config in the same)."""
+
+    model: str = Field(description="a teacher's or student's name")
+    input_per_million: float = Field(ge=0, description="per million prompt tokens")
+    output_per_million: float = Field(ge=0, description="per million completion tokens")
+
+
 class CostConfig(Strict):
     """What `cotgap plan` prices the run with: the GPUs, and the throughput it assumes
     (harness/costs.py: FLOPs per token at these utilisations, unless `throughput` names a model)."""
@@ -584,6 +676,15 @@ class CostConfig(Strict):
     generate_utilisation: float = Field(0.15, gt=0, le=1, description="share of peak, generation")
     train_utilisation: float = Field(0.35, gt=0, le=1, description="share of peak, training")
     throughput: tuple[Throughput, ...] = Field((), description="measured figures of some models")
+    prices: tuple[Price, ...] = Field(
+        (), description="token prices of served models: the leaderboard's cost columns"
+    )
+    device_hour: float | None = Field(
+        None,
+        ge=0,
+        description="what one device-hour of cotgap's own engines and training costs, in the "
+        "prices' currency: in-process generation and training enter the cost columns at this rate",
+    )
 
 
 class Experiment(Strict):
@@ -668,10 +769,25 @@ class Experiment(Strict):
     @model_validator(mode="after")
     def _cost_models(self) -> Experiment:
         names = {m.name for m in (*self.teachers, *self.students)}
-        wrong = sorted({t.model for t in self.costs.throughput} - names)
-        if wrong:
-            raise ValueError(f"costs.throughput: not a model of this experiment: {wrong}")
+        for part in ("throughput", "prices"):
+            given = [t.model for t in getattr(self.costs, part)]
+            wrong = sorted(set(given) - names)
+            if wrong:
+                raise ValueError(f"costs.{part}: not a model of this experiment: {wrong}")
+            dupes = sorted({n for n in given if given.count(n) > 1})
+            if dupes and part == "prices":
+                raise ValueError(f"costs.prices: {dupes} priced more than once; keep one entry")
+        served = [m.name for m in self.students if m.served]
+        if served:
+            raise ValueError(
+                f"students {served}: a student is fine-tuned by cotgap, so it runs in-process; "
+                "only a teacher may be a served model (engine.kind: openai)"
+            )
         return self
+
+    def price(self, model: str) -> Price | None:
+        """The price entry of `model`, if the config gives one."""
+        return next((p for p in self.costs.prices if p.model == model), None)
 
     def model(self, name: str) -> ModelSpec:
         for m in (*self.teachers, *self.students):
@@ -737,13 +853,19 @@ def _unwrap(annotation: Any) -> list[Any]:
     return []
 
 
+_ENGINE_TAGS: dict[str, type[BaseModel]] = {"local": EngineSettings, "openai": OpenAIEndpoint}
+
+
 def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the last key of `loc`."""
     current: type[BaseModel] | None = root
-    for part in loc[:-1]:
+    for prev, part in zip((None, *loc), loc[:-1], strict=False):
         if current is None:
             return None
         if isinstance(part, int):
+            continue
+        if prev == "engine" and part in _ENGINE_TAGS:  # the kind of engine the entry chose
+            current = _ENGINE_TAGS[part]
             continue
         field = current.model_fields.get(part)
         if field is None:
@@ -755,7 +877,9 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 
 def _key_path(loc: tuple[Any, ...]) -> str:
     out = ""
-    for part in loc:
+    for prev, part in zip((None, *loc), loc, strict=False):
+        if prev == "engine" and part in _ENGINE_TAGS:
+            continue
         if isinstance(part, int):
             out += f"[{part}]"
         elif part in ("function-after", "function-before") or str(part).startswith("function-"):
@@ -866,7 +990,10 @@ def _relative_to(exp: Experiment, base: Path) -> Experiment:
         return p
 
     def models_(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
-        return tuple(m.model_copy(update={"path": model_path(m.path)}) for m in specs)
+        return tuple(
+            m if m.path is None else m.model_copy(update={"path": model_path(m.path)})
+            for m in specs
+        )
 
     train = exp.train
     if train.accelerate_config is not None:

@@ -73,6 +73,8 @@ def checkpointing(cfg: TrainConfig, n_params: float) -> bool:
 def arch(spec: ModelSpec) -> Arch | None:
     """The model's shape: its config.json when it is on this machine, else the KNOWN table
     (matched on the hub id), else None."""
+    if spec.served:  # runs on its server's hardware, not on this run's GPUs
+        return None
     path = Path(spec.path).expanduser()
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
@@ -179,11 +181,25 @@ def tokens_per_s(exp: Experiment, spec: ModelSpec, stage: str) -> tuple[float, s
     return c.peak_tflops * 1e12 * share / flops, f"{share:.0%} of {c.peak_tflops:g} TFLOP/s"
 
 
+def served_cost(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Upper bounds of what each served model's completion tokens cost at `costs.prices` (prompt
+    tokens are not known before the prompts are rendered); NaN for a model without a price."""
+    out: dict[str, float] = {}
+    for (_, model), n in tokens.items():
+        if exp.model(model).served:
+            price = exp.price(model)
+            cost = n * price.output_per_million / 1e6 if price else math.nan
+            out[model] = out.get(model, 0.0) + cost
+    return out
+
+
 def gpu_hours(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[str, float]:
     """GPU-hours per stage from the tokens of each (stage, model), at each model's rate per GPU
     (a tensor-parallel group of g GPUs runs g times one GPU's rate: the GPU-hours are the same)."""
     hours: dict[str, float] = {}
     for (stage, model), n in tokens.items():
+        if exp.model(model).served:  # paid per token (served_cost), not in this run's GPU-hours
+            continue
         rate, _ = tokens_per_s(exp, exp.model(model), stage)
         hours[stage] = hours.get(stage, 0.0) + n / rate / 3600
     return hours

@@ -25,6 +25,7 @@ import dataclasses
 import itertools
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,15 @@ from harness.config import AnalysisConfig, Experiment, canonical
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
-from harness.generate import CHUNK_SEQS, requests, task_items
+from harness.generate import (
+    CHUNK_SEQS,
+    JOURNAL,
+    journal_to,
+    provenance,
+    requests,
+    served_usage,
+    task_items,
+)
 from harness.scoring import METRICS, PREDICTIONS, record
 from harness.store import Store, json_text
 
@@ -193,10 +202,9 @@ def _evaluate_cells(
         for job in jobs:
             if not job.todo:  # every prediction was written before a kill
                 results[job.cell.key] = _finish(exp, job, engine, session_id, 1)
-        per_chunk = max(1, chunk_seqs // ev.n)
-        for start in range(0, len(todo), per_chunk):
-            window = todo[start : start + per_chunk]
+        for window in _windows(todo, max(1, chunk_seqs // ev.n), engine):
             shared = list(dict.fromkeys(job for job, _ in window))
+            journal_to(engine, shared[0].out.dir / JOURNAL)
             more = f" (+{len(shared) - 1} more)" if len(shared) > 1 else ""
             engines.emit({"cell": shared[0].cell.label + more})
             batch = [
@@ -228,6 +236,19 @@ def _readable(item: tasks.Item, prompt: Any, rec: dict[str, Any]) -> dict[str, A
     """A predictions record with the item's question and the prompt the model was given, after
     its id (a reader of predictions.jsonl needs neither the task files nor the prompt code)."""
     return {"id": rec["id"], "question": item.question, "prompt": prompt, **rec}
+
+
+def _windows(todo: list, per_chunk: int, engine: Engine) -> Iterator[list]:
+    """The (job, item) windows the engine is given. A served model's windows hold one cell's
+    items each, so that each cell journals its own requests (and counts its own cost)."""
+    if getattr(engine, "name", "") != "openai":
+        for start in range(0, len(todo), per_chunk):
+            yield todo[start : start + per_chunk]
+        return
+    for _, pairs in itertools.groupby(todo, key=lambda pair: pair[0]):
+        cell = list(pairs)
+        for start in range(0, len(cell), per_chunk):
+            yield cell[start : start + per_chunk]
 
 
 ANSWER_PASS_TOKENS = 32  # Zero-shot-CoT's budget for the answer after its trigger
@@ -279,13 +300,21 @@ def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared:
         decoding=ev.decoding,
         samples_per_item=ev.n,
         adapter=job.adapter,
-        engine={"name": engine.name, "version": engine.version(), "session": session_id},
+        engine={
+            "name": engine.name,
+            "version": engine.version(),
+            "session": session_id,
+            **provenance(engine),
+        },
         resumed_items=job.resumed,
         generated_tokens=job.tokens,
         generation_s=round(gen_s, 3),
         tokens_per_s=round(job.batch_tokens / gen_s, 1) if gen_s > 0 else None,
         batched_cells=shared,
     )
+    journal_to(engine, job.out.dir / JOURNAL)  # this cell's requests (reopened: it may be resumed)
+    if usage := served_usage(engine):
+        metrics["usage"] = usage
     job.out.write_json(METRICS, metrics)
     job.out.finish(metrics, packages=engine.packages)
     return metrics

@@ -32,6 +32,7 @@ from harness.store import Store, atomic_write_bytes, atomic_write_text, jsonl_te
 if TYPE_CHECKING:
     from harness.cells import Traces
 
+JOURNAL = ".requests.jsonl"  # a served model's finished requests (not an output: a dot file)
 CHUNK_SEQS = 16384  # sequences per engine call: several times what a CPU engine runs at once (up
 # to 4,096), so that it rarely runs dry between calls
 
@@ -114,6 +115,7 @@ def _generate_cell(
     n, extractor = sampling.n, cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
+        journal_to(engine, c.dir / JOURNAL)  # a served model's answers, kept as they come
         drop_unfinished_items(c.dir / TRACES, n)
         scoring.rescore_partial(c.dir, exp.data_dir)
         out = c.jsonl(TRACES)
@@ -144,13 +146,15 @@ def _generate_cell(
             # extractor's version has changed since (its key leaves the version out)
             extractor=extractor,
             extractor_version=answers.get_extractor(extractor).version,
-            engine={"name": engine.name, "version": engine.version()},
+            engine={"name": engine.name, "version": engine.version(), **provenance(engine)},
             sampling=sampling.as_dict(),
             resumed_items=len(done),
         )
         if topk is not None:
             topk.close()
             summary.update(_pack_topk(c.dir, sampling.top_logprobs))
+        if usage := served_usage(engine):
+            summary["usage"] = usage
         c.finish(summary, packages=engine.packages)
     return summary
 
@@ -171,6 +175,24 @@ def _pack_topk(cell_dir: Path, k: int) -> dict[str, Any]:
     size = distill.pack_topk(read_jsonl(path), cell_dir / distill.TOPK)
     path.unlink()
     return {"top_logprobs": k, "topk_bytes": size}
+
+
+def provenance(engine: Engine) -> dict[str, Any]:
+    """What a served model's engine says about where its samples came from (none in-process)."""
+    return engine.provenance() if hasattr(engine, "provenance") else {}
+
+
+# An engine here is anything with Engine's `stream` (tests script their own): the served-model
+# calls are optional.
+def journal_to(engine: Engine, path: Path) -> None:
+    """Point a served model's engine at the journal of the cell it now works for."""
+    if hasattr(engine, "journal_to"):
+        engine.journal_to(path)
+
+
+def served_usage(engine: Engine) -> dict[str, Any]:
+    """A served model's requests, retries and tokens in its current journal (none in-process)."""
+    return engine.usage() if hasattr(engine, "usage") else {}
 
 
 def drop_unfinished_items(path: Path, n: int) -> None:

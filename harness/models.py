@@ -128,6 +128,30 @@ def _hub_dir(spec: ModelSpec) -> str:
         ) from None
 
 
+def _served_id(spec: ModelSpec) -> dict[str, Any]:
+    """A served model is its server's model name and how it is asked; with a local `path` (its
+    tokenizer, for endpoint completions) what identifies that path as well. The server's address
+    is not part of it: the same model served elsewhere gives the same outputs."""
+    ident: dict[str, Any] = {"served": spec.engine.model, "endpoint": spec.engine.endpoint}
+    if spec.path:
+        ident["tokenizer"] = _local_source(spec).identity(spec)
+    return ident
+
+
+def _served_dir(spec: ModelSpec) -> str:
+    if not spec.path:
+        raise UserError(
+            f"model {spec.name!r} is served (engine.kind: openai) and has no local files; give "
+            "its `path` where a local copy of its tokenizer is needed."
+        )
+    return _local_source(spec).resolve(spec)
+
+
+def _local_source(spec: ModelSpec) -> Source:
+    """Where a served model's `path` points (its tokenizer): the source it would have unserved."""
+    return next(src for name, src in SOURCES.items() if name != "served" and src.matches(spec))
+
+
 class Source(NamedTuple):
     matches: Callable[[ModelSpec], bool]
     identity: Callable[[ModelSpec], dict[str, Any]]  # what names the weights in cell keys
@@ -137,6 +161,7 @@ class Source(NamedTuple):
 
 # The first that matches wins.
 SOURCES: dict[str, Source] = {
+    "served": Source(lambda s: s.served, _served_id, _served_dir, True),
     "sandbox": Source(lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True),
     "gguf": Source(
         lambda s: s.path.startswith(gguf.PREFIX),
@@ -156,6 +181,8 @@ def source(spec: ModelSpec) -> Source:
 
 def identity(spec: ModelSpec) -> dict[str, Any]:
     """What changes a model's outputs: its weights and how it is prompted and run (not its name)."""
+    if spec.served:
+        return {**_served_id(spec), "chat_template": spec.chat_template}
     return {
         **source(spec).identity(spec),
         "chat_template": spec.chat_template,

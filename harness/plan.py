@@ -399,6 +399,9 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     for m in (*exp.teachers, *exp.students):
         max_tokens = max(exp.generate.max_tokens, exp.evaluate.max_tokens)
         serve = costs.serving_memory(exp, m, max_tokens)
+        if m.served:
+            lines.append(f"  {m.name}: served at {m.engine.base_url} (no GPU memory here)")
+            continue
         if not serve:
             lines.append(f"  {m.name}: shape unknown (not on this machine, not in costs.KNOWN)")
             continue
@@ -420,12 +423,16 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     work = work_by_model(exp, cells)
     tokens = {k: float(v["tokens"]) for k, v in work.items()}
     hours = costs.gpu_hours(exp, tokens)
-    sources = sorted({costs.tokens_per_s(exp, exp.model(m), st)[1] for st, m in work})
+    sources = sorted({costs.tokens_per_s(exp, exp.model(m), st)[1] for st, m in work
+                      if not exp.model(m).served})  # fmt: skip
     lines.append(f"GPU-hours to run (upper bounds; throughput: {', '.join(sources) or '-'}):")
     for stage in ("generate", "evaluate", "train"):
         if stage in hours:
             lines.append(f"  {stage}: {hours[stage]:,.1f}")
     lines.append(f"  total: {sum(hours.values()):,.1f}")
+    for model, cost in costs.served_cost(exp, tokens).items():
+        price = "no price in costs.prices" if cost != cost else f"at most {cost:,.2f}"
+        lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
     return lines
 
 

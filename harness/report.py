@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness import screening  # noqa: E402
+from harness import screening, spend  # noqa: E402
 from harness.config import Experiment  # noqa: E402
 from harness.store import safe_name  # noqa: E402
 
@@ -53,6 +53,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _spread(result),
         screening.section(result.get("screening")),
         _leaderboard(board),
+        spend.section(board),
         _formats(board),
         _figures(figures, out),
     ]

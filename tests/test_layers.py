@@ -34,9 +34,10 @@ LAYERS = [  # lowest first; a module may import its own layer and the ones below
         "engines.hf_engine",
         "engines.vllm_engine",
         "distill",
+        "engines.openai_engine",
     },
     {"cells"},
-    {"grid", "selection", "feasible", "offline"},
+    {"grid", "selection", "feasible", "offline", "spend"},
     {"generate", "evaluate", "dataset", "train", "screen", "metric", "metric.cotgap_accuracy"},
     {"schedule", "ray_executor"},
     {

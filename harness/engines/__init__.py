@@ -29,6 +29,7 @@ from harness import devices
 from harness.config import ModelSpec
 from harness.engines.base import Engine, Request, Sample, Sampling, request_seed
 from harness.engines.hf_engine import HFEngine
+from harness.engines.openai_engine import OpenAIEngine
 from harness.engines.vllm_engine import VllmEngine
 from harness.errors import UserError
 
@@ -61,7 +62,10 @@ def load(
 ) -> Engine:
     """Start engine `name` on a model. `lora_rank`: the largest rank of the adapters it will serve;
     `max_loras`: how many of them one batch may mix (vLLM; peft serves any); `max_logprobs`: the
-    most top log-probabilities a request asks for (Sampling.top_logprobs)."""
+    most top log-probabilities a request asks for (Sampling.top_logprobs). A served model
+    (engine.kind: openai) gets the OpenAI-compatible client whatever `name` says."""
+    if spec.served:
+        return OpenAIEngine(spec, lora_rank=lora_rank, max_loras=max_loras)
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
     return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs)

@@ -80,10 +80,12 @@ class Sample:
     # with Sampling.top_logprobs k: per generated token, the model's k most likely token ids and
     # their log-probabilities (of the raw distribution, before temperature), most likely first
     top: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...] | None = None
+    # the completion's length when token_ids are not known (a server that reports usage only)
+    n_tokens: int | None = None
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) if self.n_tokens is None else self.n_tokens
 
 
 def request_seed(seed: int, request_id: str) -> int:
@@ -241,6 +243,15 @@ class Engine:
 
     def version(self) -> str:
         raise NotImplementedError
+
+    def journal_to(self, path: str | Path) -> None:
+        """Where this engine keeps each finished request, to be read back instead of asked again
+        after a kill (an engine whose requests cost money does; the in-process ones need not)."""
+
+    def usage(self) -> dict[str, Any]:
+        """What the requests of the journal in use cost (requests, retries, tokens), for a cell's
+        summary; empty for an engine that runs in-process (its cost is its device time)."""
+        return {}
 
     def close(self) -> None:
         """Free the model; the process that made the engine should end soon after."""
