@@ -321,6 +321,13 @@ def tokenizer_problems(exp: Experiment) -> list[str]:
     (the losses compare next-token distributions id by id), and kd's top_k must fit in it."""
     if not {"kd", "on_policy"} & set(exp.train.methods):
         return []
+    served = [t.name for t in exp.teachers if t.served]
+    if served:  # neither runs on text alone: kd reads stored top-k, on_policy scores in-process
+        return [
+            f"train.methods: kd and on_policy need the teacher's next-token distribution, which "
+            f"a served teacher ({', '.join(served)}; engine.kind: openai) does not give here; "
+            f"keep only sft in train.methods for it, or run that teacher in-process."
+        ]
     student = exp.students[0]
     ref, problems = vocab(student), []
     for m in (*exp.teachers, *exp.students[1:]):

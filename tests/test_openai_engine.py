@@ -273,3 +273,19 @@ def test_the_rate_limit_spends_a_minute_budget() -> None:
         return time.monotonic() - t0
 
     assert asyncio.run(run()) >= 0.9  # a lower bound the limit must keep, not a speed
+
+
+def test_kd_and_on_policy_refuse_a_served_teacher() -> None:
+    """A served teacher gives text, not its next-token distribution: kd and on_policy are refused
+    at validate time with the way out; sft alone validates."""
+    from harness import grid
+    from harness.config import Experiment
+
+    served = {"engine": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}}
+    for method in ("kd", "on_policy"):
+        data = _exp(**served)
+        data["train"]["methods"] = ["sft", method]
+        problems = grid.check(parse(Experiment, data, "exp.yaml"))
+        assert len(problems) == 1 and "a served teacher (t; engine.kind: openai)" in problems[0]
+        assert "keep only sft in train.methods" in problems[0]
+    assert not grid.check(parse(Experiment, _exp(**served), "exp.yaml"))
