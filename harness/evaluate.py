@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from harness import answers, engines, scoring, stats, tasks
+from harness import answers, engines, inference, scoring, tasks
 from harness.config import AnalysisConfig, Experiment, canonical
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
@@ -336,10 +336,14 @@ def _resumable(records: list[dict], items: list[tasks.Item], cell_dir: Path) -> 
 
 
 def summarize(records: list[dict], headline: str, analysis: AnalysisConfig) -> dict[str, Any]:
-    """`scoring.rates` plus the headline accuracy's percentile bootstrap CI over items (analysis
-    settings)."""
+    """`scoring.rates` plus the headline accuracy's interval at `analysis.ci`: Jeffreys, the one
+    the report, the answers and `cotgap eval` give a single 0/1 run (a percentile bootstrap
+    collapses to [0, 0] when no item is right)."""
     out = scoring.rates(records, headline)
-    verdicts = [bool(r["correct"]) for r in records]
-    ci = stats.accuracy_ci(verdicts, analysis.ci, analysis.bootstrap_samples, analysis.seed)
-    out.update(accuracy_ci_low=ci.low, accuracy_ci_high=ci.high, ci=analysis.ci)
+    verdicts = [float(bool(r["correct"])) for r in records]
+    if not verdicts:
+        return {**out, "accuracy_ci_low": None, "accuracy_ci_high": None, "ci": analysis.ci}
+    est = inference.accuracy(inference.baseline_arm(verdicts), analysis.ci)
+    out.update(accuracy_ci_low=est.low, accuracy_ci_high=est.high, ci=analysis.ci,
+               ci_method="jeffreys")  # fmt: skip
     return out

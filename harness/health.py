@@ -48,8 +48,10 @@ def _rates(c: Cell, s: dict[str, Any], n: int, section: str, max_tokens: int) ->
     if (s.get("format_failure_rate") or 0) > MOST:
         out.append(
             f"{c.label}: {_pct(s['format_failure_rate'])} of {n} completions hold no answer the "
-            f"task's extractor reads; make the prompt ask for 'The answer is ...' (the task's "
-            f"prompt.zero_shot_cot) or check the extractor (`cotgap score --explain`)"
+            "task's extractor reads (`cotgap score --explain` shows what it reads); if the task's "
+            "prompt already asks for one ('The answer is ...'), the model does not follow it: try "
+            "few-shot prompts (evaluate.prompt_style: few_shot_cot), the second answer pass "
+            "(evaluate.answer_pass: true) or a larger model"
         )
     return out
 
