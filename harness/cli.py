@@ -334,14 +334,16 @@ def run(
 
 
 def _say_problems(exp, store, cells=None) -> None:
-    """After a run: index.csv, then every complete cell among `cells` (default: the grid's) that
-    gives nothing usable, with the number and the fix."""
+    """After a run: index.csv and its by-name links, then every complete cell among `cells`
+    (default: the grid's) that gives nothing usable, with the number and the fix."""
     from rich.markup import escape
 
     from harness import grid, health, index
 
     cells = grid.expand(exp).cells if cells is None else cells
-    index.write(store, cells)
+    index.write(
+        store, cells, note=lambda m: _console().print(f"note: {escape(m)}", highlight=False)
+    )
     for line in health.problems(exp, store, cells):
         _console().print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
