@@ -104,11 +104,12 @@ NAN = math.nan
 
 def run(exp: Experiment, store: Store, log: Callable[[str], None] = print) -> Path:
     """Rebuild `<store.root>/analysis/` (= `<exp.root>/analysis/`) from the cells; returns it."""
-    from harness import report, studies
+    from harness import health, report, studies
 
     board, missing, rescored, decisions = leaderboard(exp, store)
     result = analyse(exp, board, decisions)
     result["missing_cells"] = missing
+    result["warnings"] = health.problems(exp, store, grids.expand(exp).cells)
     result["rescored_cells"] = rescored
     result["budget"] = training_budget(exp, store, board)
     result["adapter_budgets"] = adapter_budgets(store, board)

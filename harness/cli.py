@@ -124,11 +124,13 @@ def _log(message: str) -> None:
     _console().print(escape(message))
 
 
-def _load(config: Path, runnable: bool = False):
-    """The experiment of `config`; `runnable`: also refuse one that cannot run as it says
-    (harness/feasible.py), before any cell is planned."""
+def _load(config: Path, runnable: bool = False, include_path: list[Path] | None = None):
+    """The experiment of `config`, its tasks also searched in the --include-path folders;
+    `runnable`: also refuse one that cannot run as it says (harness/feasible.py), before any cell
+    is planned."""
     from harness.config import load_experiment
 
+    _include(include_path)
     exp = load_experiment(config)
     from harness import offline
 
@@ -256,14 +258,14 @@ def ls_items(
 
 
 @ls_app.command("cells")
-def ls_cells(config: ConfigArg) -> None:
+def ls_cells(config: ConfigArg, include_path: IncludePath = None) -> None:
     """The cells of an experiment on disk: kind, key, state, label, wall time."""
     from rich.table import Table
 
     from harness import grid
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, include_path=include_path)
     store = Store(exp.root)
     labels = {c.key: c.label for c in grid.expand(exp)}
     table = Table("kind", "key", "state", "cell", "wall s")
@@ -286,8 +288,7 @@ def plan_cmd(
     from harness import plan
     from harness.store import Store
 
-    _include(include_path)
-    exp = _load(config, runnable=True)
+    exp = _load(config, runnable=True, include_path=include_path)
     plan.show(exp, Store(exp.root), every_cell=every_cell)
 
 
@@ -307,8 +308,7 @@ def run(
     from harness.schedule import RunOptions, parse_only
     from harness.store import Store
 
-    _include(include_path)
-    exp = _load(config, runnable=True)
+    exp = _load(config, runnable=True, include_path=include_path)
     _say_engine(exp)
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
@@ -334,14 +334,16 @@ def run(
 
 
 def _say_problems(exp, store, cells=None) -> None:
-    """After a run: index.csv, then every complete cell among `cells` (default: the grid's) that
-    gives nothing usable, with the number and the fix."""
+    """After a run: index.csv and its by-name links, then every complete cell among `cells`
+    (default: the grid's) that gives nothing usable, with the number and the fix."""
     from rich.markup import escape
 
     from harness import grid, health, index
 
     cells = grid.expand(exp).cells if cells is None else cells
-    index.write(store, cells)
+    index.write(
+        store, cells, note=lambda m: _console().print(f"note: {escape(m)}", highlight=False)
+    )
     for line in health.problems(exp, store, cells):
         _console().print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
@@ -386,13 +388,18 @@ def _check_names(exp, **filters: str | None) -> None:
 
 
 def _stage(
-    config: Path, stage: str, wait: float, merge: bool = False, **filters: str | None
+    config: Path,
+    stage: str,
+    wait: float,
+    include_path: list[Path] | None,
+    merge: bool = False,
+    **filters: str | None,
 ) -> None:
     from harness import grid, plan
     from harness.schedule import RunOptions
     from harness.store import Store
 
-    exp = _load(config, runnable=True)
+    exp = _load(config, runnable=True, include_path=include_path)
     if merge:  # merged adapters are other cells (merge is part of an adapter's key)
         exp = exp.model_copy(update={"train": exp.train.model_copy(update={"merge": True})})
     _check_names(exp, **filters)
@@ -410,10 +417,11 @@ def generate(
     teacher: Annotated[str | None, typer.Option(help="only this teacher")] = None,
     task: Annotated[str | None, typer.Option(help="only this task")] = None,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Generate teacher CoT traces (n samples per question, scored) with the configured engine
     (vLLM, or transformers where vLLM is not installed)."""
-    _stage(config, "generate", wait, model=teacher, task=task)
+    _stage(config, "generate", wait, include_path, model=teacher, task=task)
 
 
 @app.command()
@@ -429,9 +437,10 @@ def train(
         typer.Option(help="also write a merged model next to the adapter (as train.merge: true)"),
     ] = False,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Fine-tune students with LoRA (accelerate + peft) on teacher traces."""
-    _stage(config, "train", wait, merge, model=student, teacher=teacher, task=task)
+    _stage(config, "train", wait, include_path, merge, model=student, teacher=teacher, task=task)
 
 
 @app.command()
@@ -443,6 +452,7 @@ def evaluate(
     ] = None,
     task: Annotated[str | None, typer.Option(help="only this task")] = None,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Evaluate teachers, student baselines and distilled students under the one eval config."""
     if adapter is not None:
@@ -453,13 +463,13 @@ def evaluate(
             raise UserError(
                 "--adapter needs --model NAME: the base model the adapter was trained on."
             )
-        exp = _load(config)
+        exp = _load(config, include_path=include_path)
         store = Store(exp.root)
         with store.lock(timeout=wait):
             keys = plan.evaluate_adapter(exp, store, model, adapter, task)
         _console().print(f"eval cells: {', '.join(keys)}")
         return
-    _stage(config, "evaluate", wait, model=model, task=task)
+    _stage(config, "evaluate", wait, include_path, model=model, task=task)
 
 
 ResultsDir = Annotated[
@@ -672,11 +682,12 @@ def check(
             help="experiment YAML, or its results directory", show_default=False, metavar="TARGET"
         ),
     ],
+    include_path: IncludePath = None,
 ) -> None:
     """Verify every complete cell's files against its manifest; list the damaged cells."""
     from harness.store import Store
 
-    root = _load(target).root if target.is_file() else target
+    root = _load(target, include_path=include_path).root if target.is_file() else target
     if not (root / "cells").is_dir():
         raise UserError(f"{root}: no cells/ here; give an experiment YAML or <results_dir>/<name>.")
     store = Store(root)
@@ -701,6 +712,7 @@ def screen(
     student: Annotated[str | None, typer.Option(help="only this student")] = None,
     task: Annotated[str | None, typer.Option(help="only this task")] = None,
     wait: Wait = 0,
+    include_path: IncludePath = None,
 ) -> None:
     """Screen teachers before training: one forward pass of each student over each training set
     (NLL, token ranks, rank-surprisal ratio), then analysis/screen.csv. No adapter is trained."""
@@ -708,7 +720,7 @@ def screen(
     from harness import grid, plan, screening
     from harness.store import Store
 
-    exp = screening.screened(_load(config, runnable=True))
+    exp = screening.screened(_load(config, runnable=True, include_path=include_path))
     _check_names(exp, student=student, task=task)
     store = Store(exp.root)
     cells = grid.expand(exp).select(kind="screen", model=student, task=task)
@@ -725,12 +737,12 @@ def screen(
 
 
 @app.command()
-def analyze(config: ConfigArg, wait: Wait = 0) -> None:
+def analyze(config: ConfigArg, wait: Wait = 0, include_path: IncludePath = None) -> None:
     """Rebuild leaderboard.csv, analysis.json, report.md and plots from the cells."""
     from harness import analyze as analysis
     from harness.store import Store
 
-    exp = _load(config)
+    exp = _load(config, include_path=include_path)
     store = Store(exp.root)
     with store.lock(timeout=wait):
         out = analysis.run(exp, store)
@@ -779,11 +791,13 @@ def view(
         typer.Option(help="benchmark files, for the questions (default: the config's data_dir)"),
     ] = None,
     force: Force = False,
+    include_path: IncludePath = None,
 ) -> None:
     """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
     from harness import view as viewer
     from harness.store import output_path
 
+    _include(include_path)
     if out is not None:
         analysis = viewer.resolve_root(target)[0] / "analysis"
         read = [p for p in analysis.glob("*") if p.name != "viewer.html"]
@@ -799,12 +813,13 @@ def view(
 def export(
     config: ConfigArg,
     out: Annotated[Path, typer.Option(help="directory to write (replaced whole if an export)")],
+    include_path: IncludePath = None,
 ) -> None:
     """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
     from harness import export as exporter
     from harness.store import output_path
 
-    exp = _load(config)
+    exp = _load(config, include_path=include_path)
     out = output_path(out, "--out", [config, exp.root], directory=True)
     path, counts = exporter.run(exp, out, log=_log)
     typer.echo(f"{path}  ({counts['files']} Parquet files, {counts['rows']} rows; card: README.md)")

@@ -9,7 +9,8 @@ whether ΔLarge and the baseline tell the same story. Accuracies and gains are s
 from __future__ import annotations
 
 import math
-import textwrap
+import re
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,10 @@ matplotlib.rcParams["svg.hashsalt"] = "cotgap"  # fixed SVG element ids: a rebui
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from harness import screening, spend  # noqa: E402
 from harness.config import Experiment  # noqa: E402
-from harness.store import safe_name  # noqa: E402
 
 WORDS = {
     "better": "better",
@@ -35,13 +36,11 @@ WORDS = {
 
 
 def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any]) -> None:
-    """Plots and report.md into `out` (a fresh directory that `analyze.run` swaps in)."""
+    """Plots and report.md into `out` (a fresh directory that `analyze.run` swaps in): the answers
+    first (header, setup, answers, warnings), then the appendices, each section once."""
     figures = plot_all(board, out, result)
-    sections = [
-        _header(exp, result),
-        _selection(result),
-        _setup(result),
-        _answers(result),
+    front = [_header(exp, result), _setup(result), _answers(result), _warnings(result)]
+    appendices = [
         _evidence(result),
         _capacity_gap(result),
         _methods(result),
@@ -50,6 +49,7 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _regimes(result),
         _budgets(result),
         _studies(result),
+        _selection(result),
         _spread(result),
         screening.section(result.get("screening")),
         _leaderboard(board),
@@ -57,7 +57,23 @@ def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any
         _formats(board),
         _figures(figures, out),
     ]
-    (out / "report.md").write_text("\n\n".join(s for s in sections if s) + "\n", encoding="utf-8")
+    appendices = [_demote(s) for s in appendices if s]
+    head = (
+        "## Appendices\n\nThe evidence behind the answers: "
+        + "; ".join(_title_of(s) for s in appendices)
+        + "."
+    )
+    text = "\n\n".join([*(s for s in front if s), head, *appendices])
+    (out / "report.md").write_text(text + "\n", encoding="utf-8")
+
+
+def _demote(section: str) -> str:
+    """An appendix section one heading level down (## -> ###), so it sits under Appendices."""
+    return re.sub(r"^(#+) ", r"#\1 ", section, flags=re.M)
+
+
+def _title_of(section: str) -> str:
+    return section.split("\n", 1)[0].lstrip("#").strip()
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -117,14 +133,13 @@ def _header(exp: Experiment, r: dict[str, Any]) -> str:
     grid = r["grid"]
     text = (
         f"# cotgap report: {exp.name}\n\n"
-        "Rebuilt from the cells by `cotgap analyze`; do not edit. Accuracies, gains and spreads "
-        "are in points (percent of test items); leaderboard.csv holds fractions.\n\n"
         f"Grid: {len(grid['teachers'])} teachers ({', '.join(grid['teachers'])}) × "
         f"{len(grid['students'])} students ({', '.join(grid['students'])}) × "
         f"{len(grid['tasks'])} tasks ({', '.join(grid['tasks'])}); regimes: "
         f"{', '.join(grid['regimes'])}; seeds: {', '.join(map(str, grid['seeds']))}"
         + _draws(grid)
-        + "."
+        + ". Numbers are points (percent of test items); rebuilt from the cells by "
+        "`cotgap analyze`, do not edit."
     )
     missing = r["missing_cells"]
     if missing:
@@ -137,17 +152,20 @@ def _header(exp: Experiment, r: dict[str, Any]) -> str:
 
 
 def _setup(r: dict[str, Any]) -> str:
+    """Two lines: the training budget every teacher shares, and the eval config."""
     c, o = r["budget"]["configured"], r["budget"]["observed"]
     budget = f"max_steps {c['max_steps']}" if c["max_steps"] else f"{c['epochs']} epochs"
     method = (
-        f"LoRA r={c['lora']['r']}, alpha={c['lora']['alpha']}" if c["method"] == "lora" else "full"
+        f"LoRA r={c['lora']['r']}, alpha={c['lora']['alpha']:g}"
+        if c["method"] == "lora"
+        else "full"
     )
+    procs = c["num_processes"]
     text = (
-        "## Setup\n\n"
-        f"Training budget (the same for every teacher): {budget}, effective batch "
+        f"**Training** (the same for every teacher): {budget}, effective batch "
         f"{c['effective_batch']} ({c['per_device_batch_size']} per device × {c['grad_accum']} "
-        f"accumulation × {c['num_processes']} process{'es' if c['num_processes'] != 1 else ''}), lr {c['lr']:g} ({c['schedule']}, warmup "
-        f"{c['warmup_ratio']:g}), {method}, max length {c['max_length']}."
+        f"accumulation × {procs} process{'es' if procs != 1 else ''}), lr {c['lr']:g} "
+        f"({c['schedule']}, warmup {c['warmup_ratio']:g}), {method}, max length {c['max_length']}"
     )
     special = []
     if c.get("mix_batch"):
@@ -157,89 +175,82 @@ def _setup(r: dict[str, Any]) -> str:
             f"{mb['grad_accum']} accumulation)"
         )
     if [a for a in (c.get("budget") or {}).get("align", ["none"]) if a != "none"]:
-        special.append(
-            "aligned adapters (`regime@align`) train as many updates as match their reference"
-        )
+        special.append("aligned adapters (`regime@align`) train as many updates as their reference")
     if special:
-        text += f" Except: {'; '.join(special)} (see Training budgets)."
+        text += f"; except: {'; '.join(special)} (see Training budgets)"
     if o["n_adapters"]:
         steps = o["steps"]
-        same = "equal across adapters" if len(steps) == 1 else "different across adapters"
+        each = "each" if len(steps) == 1 else "(different across adapters)"
         text += (
-            f" The {o['n_adapters']} complete adapter cells report optimizer steps "
-            f"{', '.join(map(str, steps))} ({same}), effective batch "
-            f"{', '.join(map(str, o['effective_batch']))}, and "
-            f"{o['epochs_min']:.2f}–{o['epochs_max']:.2f} epochs over their training sets."
+            f"; the {o['n_adapters']} adapters ran {', '.join(map(str, steps))} optimizer steps "
+            f"{each}, {o['epochs_min']:.2f}–{o['epochs_max']:.2f} epochs over their training sets"
         )
-    ev = ", ".join(f"{k}={v}" for k, v in r["eval_config"].items())
+    ev = ", ".join(f"{k}={v}" for k, v in r["eval_config"].items() if v not in (None, [], {}, ""))
     return (
-        text + f"\n\nEval config (identical for teachers, baselines and distilled students): {ev}."
+        f"## Setup\n\n{text}.\n\n"
+        f"**Eval** (the same for teachers, baselines and distilled students): {ev}."
     )
 
 
-def answer_line(g: dict[str, Any]) -> str:
-    """The group's answer in one sentence, from its decision (the same words as answers.csv)."""
+def answer_row(g: dict[str, Any]) -> list[str]:
+    """The group's row of the Answers table (the same words as answers.csv)."""
     d = g["decision"]
     h = d["headline"]
-    quoted = f"{h['teacher']}: gain {spts(h['gain'])} pts, {_level(h)} {ci(h['gain_low'], h['gain_high'])}"
-    if d["exploratory"]:
-        reps = min(t["n_replicates"] for t in d["teachers"])
-        return (
-            f"exploratory ({reps} replicate(s) per teacher; no verdict below the configured "
-            f"minimum): largest gain {quoted}"
-        )
-    if d["answer"] == "none":
-        return (
-            f"none: no teacher beats the baseline, and none can by {pts(d['effect'])} pts or more "
-            f"(largest gain {quoted}); keep the base student"
-        )
-    if d["answer"] == "inconclusive":
-        if d["distill"] == "yes":
-            return (
-                f"distilling helps ({quoted}), but the data cannot tell which teacher is best: "
-                f"best set {{{', '.join(d['best_set'])}}}"
-            )
-        return (
-            f"inconclusive: no teacher is shown better than the baseline, nor ruled out ({quoted})"
-        )
-    return f"distill from {quoted}; it is the only member of the best set"
+    reps = min(t["n_replicates"] for t in d["teachers"])
+    answer = d["answer"] + (" (exploratory)" if d["exploratory"] else "")
+    return [g["task"], g["student"], g["regime"], pts(d["base_acc"]), answer, d["distill"],
+            h["teacher"], spts(h["gain"]), ci(h["gain_low"], h["gain_high"]),
+            ", ".join(d["best_set"]), str(reps)]  # fmt: skip
 
 
-def _level(x: dict[str, Any]) -> str:
-    return f"{100 * x['level']:.4g}% CI"
+ANSWER_HEADER = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain",
+                 "interval", "best set", "replicates"]  # fmt: skip
 
 
 def _answers(r: dict[str, Any]) -> str:
     decided = [g for g in r["groups"] if g["decision"]]
     if not decided:
         return "## Answers\n\nNo group has a scored baseline and distilled student yet."
-    rows = [
-        [g["task"], g["student"], g["regime"], pts(g["decision"]["base_acc"]), g["answer"],
-         g["decision"]["distill"], g["decision"]["headline"]["teacher"],
-         spts(g["decision"]["headline"]["gain"]),
-         ci(g["decision"]["headline"]["gain_low"], g["decision"]["headline"]["gain_high"]),
-         ", ".join(g["decision"]["best_set"]),
-         min(t["n_replicates"] for t in g["decision"]["teachers"])]
-        for g in decided
-    ]  # fmt: skip
-    header = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain"]
-    header += ["interval", "best set", "replicates"]
     a = r["analysis_config"]
+    effect = f"{a['effect_of_interest']:g} points (analysis.effect_of_interest)"
+    intro = (
+        "Which teacher should each student distill from? One row per (task, student, regime), as "
+        "in answers.csv. The gain is the quoted teacher's over the student's own baseline (base), "
+        "pooled over its replicates (trace draws and training seeds); its interval covers test "
+        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}."
+    )
+    verdicts = [
+        "**a teacher**: it beats the baseline and is the only member of the best set (the "
+        "teachers no other teacher is shown better than); distill from it",
+        f"**none**: no teacher beats the baseline, and none can by {effect}; keep the base student",
+        "**inconclusive**: neither; distill? yes: a teacher beats the baseline, but the best "
+        "set holds several",
+        f"**exploratory**: fewer than {a['min_replicates']} replicates per teacher "
+        "(analysis.min_replicates): nothing is claimed, the row quotes the largest gain",
+        "**per teacher** (appendices): better / worse: the interval excludes 0; equivalent: it "
+        f"lies within ±{a['effect_of_interest']:g} points; inconclusive: neither",
+    ]
     return "\n\n".join(
         [
             "## Answers",
-            "Which teacher should each student distill from, and does distilling beat the "
-            "student's own baseline? One row per (task, student, regime), from answers.csv. The "
-            "unit is the teacher: each gain pools the teacher's replicates (trace draws and "
-            f"training seeds), and its interval covers test items and replicates, "
-            f"{_multiplicity(a, decided)}. An answer names a teacher only when it beats the baseline and no other teacher is "
-            f"possibly better; `none` when no teacher can beat the baseline by "
-            f"{a['effect_of_interest']:g} points (the effect of interest); else inconclusive. "
-            f"Below {a['min_replicates']} replicates per teacher nothing is claimed (exploratory).",
-            md_table(header, rows),
-            "\n".join(f"- {_who(g)}: {answer_line(g)}." for g in decided),
+            intro,
+            md_table(ANSWER_HEADER, [answer_row(g) for g in decided]),
+            "\n".join(f"- {v}." for v in verdicts),
             _replicate_cost(r, decided),
         ]
+    ).rstrip()
+
+
+def _levels(decided: list[dict[str, Any]]) -> str:
+    """The quoted intervals' confidence levels: one, or each with its number of teachers."""
+    levels = {}
+    for g in decided:
+        d = g["decision"]
+        levels.setdefault(f"{100 * d['headline']['level']:.4g}%", set()).add(len(d["teachers"]))
+    if len(levels) == 1:
+        return next(iter(levels))
+    return " or ".join(
+        f"{lvl} ({', '.join(map(str, sorted(n)))} teachers)" for lvl, n in levels.items()
     )
 
 
@@ -249,13 +260,13 @@ def _multiplicity(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
     rec = decided[0]["decision"].get("multiplicity") or {"rule": "group"}
     if rec["rule"] == "grid_fdr":
         return (
-            f"at the false-coverage-rate level {100 * rec['level']:.4g}%: Benjamini-Hochberg at "
-            f"{alpha:g}% over all {rec['comparisons']} comparisons of the grid selected "
-            f"{rec['selected']}, so at most {alpha:g}% of the better/worse verdicts are expected "
-            "to be false (no per-group guarantee)"
+            f"a false-coverage-rate level: Benjamini-Hochberg at {alpha:g}% over all "
+            f"{rec['comparisons']} comparisons of the grid selected {rec['selected']}, so at most "
+            f"{alpha:g}% of the better/worse verdicts are expected to be false (no per-group "
+            "guarantee)"
         )
     return (
-        "Bonferroni-adjusted over all the group's comparisons (each teacher against the baseline "
+        "Bonferroni-adjusted over the group's comparisons (each teacher against the baseline "
         f"and against each other; family-wise {alpha:g}%)"
     )
 
@@ -277,6 +288,21 @@ def _replicate_cost(r: dict[str, Any], decided: list[dict[str, Any]]) -> str:
     )
 
 
+def _warnings(r: dict[str, Any]) -> str:
+    """Cells that completed but give nothing usable (harness/health.py), and a selection made on
+    the test split: each with its number and what to change."""
+    lines = list(r.get("warnings") or [])
+    sel = r.get("selection") or []
+    if sel and sel[0]["split"] == "test":
+        lines.append(
+            "tasks were pre-selected on the test split: the items that score the students also "
+            "chose the tasks, so the gains are optimistic; set select.split to a held-out split"
+        )
+    if not lines:
+        return ""
+    return "## Warnings\n\n" + "\n".join(f"- {x}." for x in lines)
+
+
 def _evidence(r: dict[str, Any]) -> str:
     """Per group: every teacher against the baseline and against the others, with verdicts."""
     decided = [g for g in r["groups"] if g["decision"]]
@@ -284,11 +310,10 @@ def _evidence(r: dict[str, Any]) -> str:
         return ""
     parts = [
         "## Evidence per group",
-        "Each teacher against the baseline (gain, interval over items and replicates, verdict) "
-        "and each pair of teachers (difference b − a). better / worse: the interval excludes 0; "
-        "equivalent: it lies inside ± the effect of interest; inconclusive: neither. The MDE is "
-        "the smallest gain (and teacher difference) this group's items and replicates detect with "
-        "80% power under this rule.",
+        "Per group, each teacher against the baseline and each pair of teachers (difference "
+        "b − a), with the intervals and per-teacher verdicts defined under Answers. The MDE is "
+        "the smallest gain (and teacher difference) the group's items and replicates detect with "
+        "80% power under that rule.",
     ]
     for g in decided:
         d = g["decision"]
@@ -504,17 +529,12 @@ def _selection(r: dict[str, Any]) -> str:
         for d in rows
     ]  # fmt: skip
     split = rows[0]["split"]
-    leak = (
-        " **Selected on the test split: the items that score the students also chose the tasks "
-        "(a leak); the gains below are optimistic.**"
-        if split == "test"
-        else ""
-    )
+    leak = " (a leak: see Warnings)" if split == "test" else ""
     gated = [d["task"] for d in rows if d["passed"] is False and not d.get("runs")]
     return (
         "## Task pre-selection\n\nEvery teacher was evaluated on each candidate task's "
         f"{split} split before any trace; a task went on when the teacher accuracy spread "
-        f"reached {rows[0]['min_points']:g} points.{leak} A gated task has no traces, training "
+        f"reached {rows[0]['min_points']:g} points{leak}. A gated task has no traces, training "
         f"or evaluation cells (its rows are empty, and counted as not computed above)"
         f"{': ' + ', '.join(gated) if gated else ''}.\n\n"
         + md_table(["task", "teacher accuracy", "spread", "decision", "why"], table)
@@ -655,22 +675,17 @@ def _figures(figures: list[Path], out: Path) -> str:
 
 
 def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Path]:
-    """Per (task, regime): gains with CIs and post vs teacher accuracy; per (student, regime): the
-    capacity gap (gain vs teacher accuracy and vs size). PNG paths (an SVG is saved beside each)."""
-    d = board[board["row_type"] == "distilled"]
+    """One figure per question, whatever the grid's size: gains by teacher, distilled accuracy
+    against teacher accuracy, and the capacity gap. PNG paths (an SVG is saved beside each)."""
     points = _points(result)
     points.to_csv(out / "plot_data.csv", index=False)  # what the plots show, for checks
-    paths = []
-    for (task, regime), g in d.groupby(["task", "regime"], sort=False):
-        if g["post_acc"].notna().any():
-            stem, title = f"{safe_name(task)}_{safe_name(regime)}", f"{task} ({regime})"
-            mine = points[(points["task"] == task) & (points["regime"] == regime)]
-            paths.append(gains(mine, out / f"gain_{stem}.png", title))
-            paths.append(post_vs_teacher(mine, out / f"post_vs_teacher_{stem}.png", title))
-    for (student, regime), mine in points.groupby(["student", "regime"], sort=False):
-        stem = f"{safe_name(student)}_{safe_name(regime)}"
-        paths.append(capacity_gap(mine, out / f"capacity_gap_{stem}.png", f"{student} ({regime})"))
-    return paths
+    if points["gain"].notna().sum() == 0:
+        return []
+    return [
+        gains(points, out / "gains.png"),
+        post_vs_teacher(points, out / "post_vs_teacher.png"),
+        capacity_gap(points, out / "capacity_gap.png"),
+    ]
 
 
 def _points(result: dict[str, Any]) -> pd.DataFrame:
@@ -695,91 +710,153 @@ def _points(result: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def _title(ax: plt.Axes, text: str) -> None:
-    ax.set_title(textwrap.fill(text, 48), fontsize=9)
+def _errors(mid: Any, low: Any, high: Any) -> np.ndarray:
+    return 100 * np.vstack([np.atleast_1d(mid - low), np.atleast_1d(high - mid)]).clip(min=0)
 
 
-def _errors(mid: pd.Series, low: pd.Series, high: pd.Series) -> np.ndarray:
-    return 100 * np.vstack([mid - low, high - mid]).clip(min=0)
+def _order(values: pd.Series) -> list[str]:
+    return list(dict.fromkeys(values))
 
 
+# Each colour and marker has one meaning in every figure: a verdict against the baseline (gains),
+# a student (the other figures); the marker is the regime.
 VERDICT_COLORS = {
     "better": "tab:green",
     "worse": "tab:red",
     "equivalent": "tab:gray",
     "inconclusive": "tab:orange",
 }
+STUDENT_COLORS = ["tab:blue", "tab:purple", "tab:brown", "tab:cyan", "tab:olive", "tab:pink"]
+REGIME_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
 
 
-def gains(p: pd.DataFrame, path: Path, title: str) -> Path:
-    """Each teacher's gain over the student's baseline (points) with the Answers table's
-    interval, one row per (student, teacher), coloured by the verdict against the baseline."""
-    fig, ax = plt.subplots(figsize=(6.4, 1.4 + 0.45 * len(p)))
-    labels, seen = [], set()
-    for y, row in enumerate(p.dropna(subset=["gain"]).itertuples()):
-        color = VERDICT_COLORS.get(row.verdict, "black")
-        label = row.verdict if row.verdict not in seen else None
-        seen.add(row.verdict)
-        ax.errorbar(100 * row.gain, y, xerr=_errors(row.gain, row.gain_low, row.gain_high
-                    ).reshape(2, 1), fmt="o", color=color, capsize=3, label=label)  # fmt: skip
-        labels.append(f"{row.student} ← {row.teacher}")
-    ax.axvline(0, color="0.3", lw=1, ls="--")
-    ax.set_yticks(range(len(labels)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("gain over the student's baseline (points; interval over items and replicates)")
-    ax.legend(title="vs baseline", fontsize=8, title_fontsize=8, loc="best")
-    _title(ax, f"gain by teacher: {title}")
+def _student_color(students: list[str], s: str) -> str:
+    return STUDENT_COLORS[students.index(s) % len(STUDENT_COLORS)]
+
+
+def _regime_marker(regimes: list[str], r: str) -> str:
+    return REGIME_MARKERS[regimes.index(r) % len(REGIME_MARKERS)]
+
+
+def _legend(fig: plt.Figure, handles: list[Line2D], title: str) -> None:
+    fig.legend(handles=handles, title=title, loc="lower center", bbox_to_anchor=(0.5, 1.0),
+               ncol=min(len(handles), 5), fontsize=8, title_fontsize=8, frameon=False)  # fmt: skip
+
+
+def _regime_handles(regimes: list[str]) -> list[Line2D]:
+    return [Line2D([], [], color="black", mfc="none", marker=_regime_marker(regimes, r), ls="", label=r)
+            for r in regimes]  # fmt: skip
+
+
+def gains(p: pd.DataFrame, path: Path) -> Path:
+    """Each teacher's gain over its student's baseline with the Answers table's interval: one
+    panel per (task, student), one row per teacher; colour: the verdict against the baseline,
+    marker: the regime."""
+    p = p.dropna(subset=["gain"])
+    tasks, students = _order(p["task"]), _order(p["student"])
+    regimes, teachers = _order(p["regime"]), _order(p["teacher"])
+    height = 0.6 + len(tasks) * (0.7 + 0.22 * len(teachers) * len(regimes))
+    fig, axes = plt.subplots(len(tasks), len(students), squeeze=False, sharex=True,
+                             figsize=(1.5 + 3.4 * len(students), height))  # fmt: skip
+    step = 0.6 / len(regimes)
+    for (i, task), (j, student) in product(enumerate(tasks), enumerate(students)):
+        ax, mine = axes[i][j], p[(p["task"] == task) & (p["student"] == student)]
+        for k, regime in enumerate(regimes):
+            for row in mine[mine["regime"] == regime].itertuples():
+                y = teachers.index(row.teacher) + (k - (len(regimes) - 1) / 2) * step
+                ax.errorbar(100 * row.gain, y, xerr=_errors(row.gain, row.gain_low, row.gain_high),
+                            fmt=_regime_marker(regimes, regime), capsize=2, ms=5,
+                            color=VERDICT_COLORS.get(row.verdict, "black"))  # fmt: skip
+        ax.axvline(0, color="0.3", lw=1, ls="--")
+        ax.set_yticks(range(len(teachers)), teachers if j == 0 else [""] * len(teachers))
+        ax.tick_params(labelsize=8)
+        ax.set_ylim(len(teachers) - 0.5, -0.5)
+        ax.set_title(f"{task} · {student}", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("gain over the baseline (points)", fontsize=8)
+    seen = set(p["verdict"])
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=v)
+               for v, c in VERDICT_COLORS.items() if v in seen]  # fmt: skip
+    if seen - set(VERDICT_COLORS):
+        handles.append(Line2D([], [], color="black", marker="o", ls="", label="no verdict"))
+    if len(regimes) > 1:
+        handles += _regime_handles(regimes)
+    what = "colour: verdict vs the baseline" + ("; marker: regime" if len(regimes) > 1 else "")
+    _legend(fig, handles, f"gain by teacher ({what}); the interval of the Answers table")
     return _save(fig, path)
 
 
-def post_vs_teacher(p: pd.DataFrame, path: Path, title: str) -> Path:
-    """Post vs teacher accuracy with 95% CIs, one line per student; its baseline is dashed."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (student, s) in enumerate(p.groupby("student", sort=False)):
-        s = s.dropna(subset=["teacher_acc", "post_acc"]).sort_values("teacher_acc")
-        color = colors[i % len(colors)]
-        ax.errorbar(100 * s["teacher_acc"], 100 * s["post_acc"], capsize=3, fmt="o-", color=color,
-                    yerr=_errors(s["post_acc"], s["post_low"], s["post_high"]), label=student)  # fmt: skip
-        for row in s.itertuples():
-            ax.annotate(row.teacher, (100 * row.teacher_acc, 100 * row.post_acc), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
-        if len(s):
-            ax.axhline(100 * s["base_acc"].iloc[0], ls="--", color=color, lw=1,
-                       label=f"{student} baseline")  # fmt: skip
-    ax.set_xlabel("teacher test accuracy (points)")
-    ax.set_ylabel("distilled student accuracy (points, 95% CI)")
-    _title(ax, f"post vs teacher accuracy: {title}")
-    ax.legend(fontsize=8)
+def post_vs_teacher(p: pd.DataFrame, path: Path) -> Path:
+    """The distilled student's accuracy against its teacher's, one panel per task: colour: the
+    student (its baseline dashed), marker: the regime; teachers named on the top axis."""
+    p = p.dropna(subset=["teacher_acc", "post_acc"])
+    tasks, students, regimes = _order(p["task"]), _order(p["student"]), _order(p["regime"])
+    cols = min(3, len(tasks))
+    rows = -(-len(tasks) // cols)
+    fig, axes = plt.subplots(rows, cols, squeeze=False, figsize=(4.4 * cols, 3.6 * rows))
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        mine = p[p["task"] == task]
+        for (student, regime), s in mine.groupby(["student", "regime"], sort=False):
+            s = s.sort_values("teacher_acc")
+            ax.errorbar(100 * s["teacher_acc"], 100 * s["post_acc"], capsize=2, ms=5, lw=1,
+                        yerr=_errors(s["post_acc"], s["post_low"], s["post_high"]),
+                        fmt=_regime_marker(regimes, regime) + "-",
+                        color=_student_color(students, student))  # fmt: skip
+        for student, s in mine.groupby("student", sort=False):
+            ax.axhline(100 * s["base_acc"].iloc[0], ls="--", lw=1,
+                       color=_student_color(students, student))  # fmt: skip
+        named = mine.drop_duplicates("teacher")
+        top = ax.secondary_xaxis("top")
+        top.set_xticks(100 * named["teacher_acc"], named["teacher"], fontsize=7, rotation=30)
+        ax.set_title(task, fontsize=9, pad=18)
+        ax.set_xlabel("teacher accuracy (points)", fontsize=8)
+        ax.set_ylabel("distilled student accuracy (points)", fontsize=8)
+        ax.tick_params(labelsize=8)
+    for ax in list(axes.flat)[len(tasks) :]:
+        ax.axis("off")
+    handles = [Line2D([], [], color=_student_color(students, s), label=s) for s in students]
+    handles.append(Line2D([], [], color="0.3", ls="--", label="its baseline"))
+    if len(regimes) > 1:
+        handles += _regime_handles(regimes)
+    _legend(fig, handles, "distilled accuracy vs teacher accuracy (colour: student"
+            + ("; marker: regime)" if len(regimes) > 1 else ")"))  # fmt: skip
     return _save(fig, path)
 
 
-def capacity_gap(p: pd.DataFrame, path: Path, title: str) -> Path:
-    """Gain vs teacher accuracy and vs teacher size (log scale), one series per task, 95% CIs;
-    the student's own baseline is the line at 0."""
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8), sharey=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, x, label in zip(axes, ("teacher_acc", "teacher_size"),
-                            ("teacher test accuracy (points)", "teacher parameters"), strict=True):  # fmt: skip
-        for i, (task, s) in enumerate(p.groupby("task", sort=False)):
-            s = s.dropna(subset=[x, "gain"]).sort_values(x)
-            xs = 100 * s[x] if x == "teacher_acc" else s[x]
-            ax.errorbar(xs, 100 * s["gain"], yerr=_errors(s["gain"], s["gain_low"], s["gain_high"]),
-                        fmt="o-", capsize=3, color=colors[i % len(colors)], label=task)  # fmt: skip
-        ax.axhline(0, color="0.3", lw=1, ls="--", label="baseline (gain 0)")
-        if x == "teacher_size" and p[x].notna().any() and (p[x] > 0).all():
-            ax.set_xscale("log")
-        ax.set_xlabel(label)
-    axes[0].set_ylabel("gain over baseline (points, 95% CI)")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(textwrap.fill(f"capacity gap: {title}", 80), fontsize=10)
+def capacity_gap(p: pd.DataFrame, path: Path) -> Path:
+    """Gain against teacher accuracy and teacher size (log scale), one row of panels per regime:
+    colour: the student, one line per (task, student) across its teachers; 0 is the baseline."""
+    p = p.dropna(subset=["gain"])
+    students, regimes = _order(p["student"]), _order(p["regime"])
+    xs = [("teacher_acc", "teacher accuracy (points)"), ("teacher_size", "teacher parameters")]
+    fig, axes = plt.subplots(len(regimes), 2, squeeze=False, sharey="row",
+                             figsize=(9, 0.6 + 3.2 * len(regimes)))  # fmt: skip
+    for i, regime in enumerate(regimes):
+        mine = p[p["regime"] == regime]
+        for ax, (x, label) in zip(axes[i], xs, strict=True):
+            for (_, student), s in mine.groupby(["task", "student"], sort=False):
+                s = s.dropna(subset=[x]).sort_values(x)
+                ax.errorbar(100 * s[x] if x == "teacher_acc" else s[x], 100 * s["gain"],
+                            yerr=_errors(s["gain"], s["gain_low"], s["gain_high"]), fmt="o-",
+                            ms=4, lw=1, capsize=2, color=_student_color(students, student))  # fmt: skip
+            ax.axhline(0, color="0.3", lw=1, ls="--")
+            if x == "teacher_size" and mine[x].notna().any() and (mine[x].dropna() > 0).all():
+                ax.set_xscale("log")
+            ax.set_xlabel(label, fontsize=8)
+            ax.set_title(regime, fontsize=9)
+            ax.tick_params(labelsize=8)
+        axes[i][0].set_ylabel("gain over the baseline (points)", fontsize=8)
+    handles = [Line2D([], [], color=_student_color(students, s), marker="o", label=s)
+               for s in students]  # fmt: skip
+    handles.append(Line2D([], [], color="0.3", ls="--", label="baseline (gain 0)"))
+    _legend(fig, handles, "capacity gap: gain vs the teacher (colour: student; a line per task)")
     return _save(fig, path)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     # no creation date in the SVG, so a rebuild writes the same bytes
-    fig.savefig(path.with_suffix(".svg"), metadata={"Date": None})
+    fig.savefig(path.with_suffix(".svg"), metadata={"Date": None}, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -34,6 +34,8 @@ CELL_KEY = "0123456789abcdef0123"  # a complete eval cell of an earlier run (not
 GSM8K_ROW = {"question": "Tom has 2 apples and buys 3. How many?", "answer": "2 + 3 = 5\n#### 5"}
 SANDBOX_ID = "addition-test-1234-0"  # the first test item of sandbox_addition
 
+INDEX = ("index.csv", "by-name")  # the cells by name, written after every run
+
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COTGAP_")}
@@ -653,7 +655,7 @@ def test_disk_full_while_analysing(ws: Workspace, writes_before_full: int) -> No
     else:
         assert f"{ws.results / 't' / 'analysis'}: could not write the analysis" in msg, msg
     assert_untouched(ws, before)  # the earlier analysis/ is still there, byte for byte
-    left = sorted(p.name for p in (ws.results / "t").iterdir() if p.name != "index.csv")
+    left = sorted(p.name for p in (ws.results / "t").iterdir() if p.name not in INDEX)
     assert left == ["analysis", "cells"]
 
 
@@ -776,7 +778,7 @@ def test_analyze_removes_what_a_killed_analysis_left(ws: Workspace) -> None:
         (root / stale / "leaderboard.csv").write_text("half,written\n")
     out = cotgap(ws, "analyze", ws.config())
     assert out.returncode == 0, out.stderr
-    assert sorted(p.name for p in root.iterdir() if p.name != "index.csv") == ["analysis", "cells"]
+    assert sorted(p.name for p in root.iterdir() if p.name not in INDEX) == ["analysis", "cells"]
 
 
 # Finding 5 of issue #23. The fix belongs in scoring.score_file and the `score` command, which the

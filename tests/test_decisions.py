@@ -5,7 +5,7 @@ words the decisions come out in.
 
 Exact McNemar (the leaderboard's per-adapter mcnemar_p) and exact Spearman with its floor (the
 within-group correlations) against scipy; `cotgap plan`'s minimum detectable effects against
-fresh simulations of the report's own rule; the answer sentence of a group from
+fresh simulations of the report's own rule; the answers-table row of a group from
 `analyze.compare_teachers`. The frequency properties of the teacher-level rule itself (error
 rates, coverage, power, the capacity-gap test) are in tests/test_inference.py.
 """
@@ -114,9 +114,9 @@ def test_answer_words_follow_the_evidence():
     c = analyze.compare_teachers(a, base, {"t-l": weak, "t-m": strong, "t-s": twin})
     assert c["distill"] == "yes" and c["answer"] == "inconclusive"
     assert sorted(c["best_set"]) == ["t-m", "t-s"]
-    text = report.answer_line({"decision": c})
-    assert text.startswith(f"distilling helps ({c['headline']['teacher']}: gain +")
-    assert text.endswith(f"best set {{{', '.join(c['best_set'])}}}")
+    row = report.answer_row(_group(c))
+    assert row[4:7] == ["inconclusive", "yes", c["headline"]["teacher"]]
+    assert row[9] == ", ".join(c["best_set"])
 
     # one of them alone: it is the answer
     c = analyze.compare_teachers(a, base, {"t-l": weak, "t-m": strong})
@@ -124,26 +124,28 @@ def test_answer_words_follow_the_evidence():
     assert c["answer"] == h["teacher"] == "t-m" and h["verdict"] == "better"
     # one family per group: 2 gains and 1 pair, Bonferroni 0.05 / 3
     assert h["level"] == pytest.approx(1 - 0.05 / 3)
-    assert report.answer_line({"decision": c}) == (
-        f"distill from t-m: gain {report.spts(h['gain'])} pts, 98.33% CI "
-        f"{report.ci(h['gain_low'], h['gain_high'])}; it is the only member of the best set"
-    )
+    assert report.answer_row(_group(c))[4:] == [
+        "t-m", "yes", "t-m", report.spts(h["gain"]), report.ci(h["gain_low"], h["gain_high"]),
+        "t-m", "3",
+    ]  # fmt: skip
+    assert report._levels([_group(c)]) == "98.33%"
 
     # a teacher whose students score exactly the baseline's items: none can beat it by 3 points
     same = [analyze.Replicate(None, s, base.copy()) for s in range(3)]
     c = analyze.compare_teachers(a, base, {"t-x": same})
     assert c["answer"] == "none" and c["distill"] == "no"
     assert c["teachers"][0]["verdict"] == "equivalent"
-    assert report.answer_line({"decision": c}).startswith(
-        "none: no teacher beats the baseline, and none can by 3.0 pts or more (largest gain t-x"
-    )
+    assert report.answer_row(_group(c))[4:7] == ["none", "no", "t-x"]
 
     # one replicate per teacher: nothing is claimed, however large the gain
     c = analyze.compare_teachers(a, base, {"t-m": strong[:1], "t-l": weak[:1]})
     assert c["exploratory"] and c["answer"] == "inconclusive"
-    words = report.answer_line({"decision": c})
-    assert words.startswith("exploratory (1 replicate(s) per teacher; no verdict")
-    assert "distill from" not in words
+    row = report.answer_row(_group(c))
+    assert row[4:6] == ["inconclusive (exploratory)", "inconclusive"] and row[10] == "1"
+
+
+def _group(decision: dict) -> dict:
+    return {"task": "task", "student": "s", "regime": "per_teacher", "decision": decision}
 
 
 def test_grid_fdr_is_one_rule_read_by_every_group_and_the_report():
@@ -173,7 +175,7 @@ def test_grid_fdr_is_one_rule_read_by_every_group_and_the_report():
     text = report._multiplicity(a.model_dump(), view)
     assert "Benjamini-Hochberg at 5% over all 9 comparisons of the grid selected" in text
     plain = analyze.compare_groups(AnalysisConfig(), groups)
-    assert "Bonferroni-adjusted over all the group's comparisons" in report._multiplicity(
+    assert "Bonferroni-adjusted over the group's comparisons" in report._multiplicity(
         AnalysisConfig().model_dump(), [{"decision": d} for d in plain.values()]
     )
     with pytest.raises(ValueError, match="multiplicity"):

@@ -8,6 +8,7 @@ The eval and distill tests run the shipped sandbox zoo on a few items (nothing i
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -128,6 +129,49 @@ def test_task_paths_key_is_relative_to_the_config(tmp_path):
 def test_include_path_must_be_a_folder(tmp_path):
     out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
     assert out.returncode == 2 and "--include-path" in out.stderr
+
+
+def test_every_command_that_reads_a_config_takes_include_path():
+    import typer
+
+    from harness.cli import app
+
+    def commands(group, prefix=""):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from commands(cmd, f"{prefix}{name} ")
+            else:
+                yield f"{prefix}{name}", cmd
+
+    reads = {name: {p.name for p in cmd.params}
+             for name, cmd in commands(typer.main.get_command(app))}  # fmt: skip
+    takes_config = {n for n, params in reads.items() if {"config", "target"} & params}
+    assert {"run", "generate", "train", "evaluate", "screen", "analyze", "export"} <= takes_config
+    assert [n for n in sorted(takes_config) if "include_path" not in reads[n]] == []
+
+
+def test_a_stage_command_reads_a_task_from_an_outside_folder(tmp_path):
+    tasks_dir, data_dir = _own_task(tmp_path)
+    cfg = {
+        "name": "own",
+        "results_dir": str(tmp_path / "res"),
+        "data_dir": str(data_dir),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": [{"name": "my_sums", "train_limit": 2}],
+        "generate": {"n": 1, "max_tokens": 8},
+        "train": {"max_steps": 2},
+    }
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    without = cotgap("generate", str(path), cwd=tmp_path)
+    assert without.returncode == 2 and "unknown task 'my_sums'" in without.stderr
+    out = cotgap("generate", str(path), "--include-path", str(tasks_dir), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "generate: computed 1 cell(s)" in out.stderr
+    with open(tmp_path / "res" / "own" / "index.csv", encoding="utf-8") as f:
+        (row,) = [r for r in csv.DictReader(f) if r["kind"] == "traces"]
+    assert (row["task"], row["status"]) == ("my_sums", "complete")
 
 
 # --- quick commands ------------------------------------------------------------------------------

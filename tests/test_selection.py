@@ -15,7 +15,7 @@ from harness import evaluate, plan, schedule, selection, tasks
 from harness import grid as grids
 from harness.cells import Cell
 from harness.config import Experiment
-from harness.report import _selection
+from harness.report import _selection, _warnings
 from harness.store import Store
 
 TASKS = ("sandbox_coin_flip", "sandbox_addition")
@@ -128,6 +128,9 @@ def test_plan_and_report_show_every_candidate_and_the_work_saved(tmp_path):
     assert "| sandbox_coin_flip | t-small 30.0, t-large 70.0 | 40.0 | goes on |" in text
     assert "a leak" not in text
     assert "a leak" in _selection({"selection": [{**rows[0], "split": "test"}]})
+    assert _warnings({"selection": rows}) == ""  # the leak is a warning only on the test split
+    leak = _warnings({"selection": [{**rows[0], "split": "test"}]})
+    assert leak.startswith("## Warnings") and "set select.split to a held-out split" in leak
 
 
 def test_selection_reads_no_test_item_by_default(tmp_path, monkeypatch):
