@@ -121,6 +121,7 @@ def serving_memory(exp: Experiment, spec: ModelSpec, max_tokens: int) -> dict[st
     seqs = max(0, int(room * GB // (per_token * seq)))
     return {
         "gpus": gpus,
+        "replicas": e.data_parallel_size,  # traces cells only: each replica holds `gpus`
         "weights_gb": weights,
         "kv_per_seq_gb": per_token * seq / GB,
         "kv_batch_gb": per_token * seq * (e.max_num_seqs or DEFAULT_MAX_SEQS) / GB,
@@ -195,7 +196,8 @@ def served_cost(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[s
 
 def gpu_hours(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[str, float]:
     """GPU-hours per stage from the tokens of each (stage, model), at each model's rate per GPU
-    (a tensor-parallel group of g GPUs runs g times one GPU's rate: the GPU-hours are the same)."""
+    (a tensor-parallel group of g GPUs runs g times one GPU's rate, and d data-parallel replicas
+    d times one replica's: the GPU-hours are the same, the hours d times fewer)."""
     hours: dict[str, float] = {}
     for (stage, model), n in tokens.items():
         if exp.model(model).served:  # paid per token (served_cost), not in this run's GPU-hours

@@ -55,6 +55,26 @@ def test_a_72b_teacher_fits_four_gpus_not_one(study):
     assert costs.serving_memory(bigger, bigger.model("qwen2.5-72b"), 4096)["fits"]
 
 
+def test_data_parallel_replicas_multiply_the_traces_gpus_not_the_gpu_hours(study, tmp_path):
+    """engine.data_parallel_size 2: traces cells hold two replicas' GPUs, eval cells one
+    replica's; memory per replica and GPU-hours stay those of one engine."""
+    two = _with(study, "qwen2.5-7b", data_parallel_size=2, tensor_parallel_size=2)
+    one = _with(study, "qwen2.5-7b", tensor_parallel_size=2)
+    mem = costs.serving_memory(two, two.model("qwen2.5-7b"), 4096)
+    assert (mem["gpus"], mem["replicas"]) == (2, 2)
+    assert {k: v for k, v in mem.items() if k != "replicas"} == {
+        k: v for k, v in costs.serving_memory(one, one.model("qwen2.5-7b"), 4096).items()
+        if k != "replicas"
+    }  # fmt: skip
+    cells = [c for c in grid.expand(two).unique() if c.model == "qwen2.5-7b"]
+    asks = {c.kind: c.resources(two)["gpus"] for c in cells}
+    assert asks == {"traces": 4.0, "eval": 2.0}
+    tokens = {("generate", "qwen2.5-7b"): 3.6e9}
+    assert costs.gpu_hours(two, tokens) == costs.gpu_hours(one, tokens)
+    line = next(ln for ln in plan.cost_lines(two, []) if "qwen2.5-7b: serve" in ln)
+    assert line.startswith("  qwen2.5-7b: serve on 2 GPU x 2 replicas for traces: weights 15.2")
+
+
 def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(study):
     lora = costs.training_memory(study, study.model("s-qwen2.5-3b"))
     small = costs.training_memory(study, study.model("s-qwen2.5-0.5b"))
