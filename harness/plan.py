@@ -417,8 +417,9 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             tr = costs.training_memory(exp, m)
             fit = "fits" if tr["fits"] else "[red]does not fit[/]"
             gc = "on" if tr["checkpointing"] else "off"
+            shard = f" (1/{tr['shards']} each, FSDP)" if tr["shards"] > 1 else ""
             lines.append(
-                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB + "
+                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB{shard} + "
                 f"activations {tr['activations_gb']:.1f} GB (gradient checkpointing {gc}) = "
                 f"{tr['need_gb']:.1f} GB a process; {fit} in {tr['have_gb']:.0f} GB"
             )

@@ -417,11 +417,20 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
         log.close()
         summary = _summary(cell_dir, cfg, progress, len(data), world)
         summary["distillation"] = _method_summary(method)
+        summary["dtypes"] = _dtypes(model)
         atomic_write_json(cell_dir / "summary.json", summary)
         if "cell" in job:
             _complete(cell_dir, job, summary, started)
     acc.end_training()
     return summary
+
+
+def _dtypes(model: Any) -> dict[str, str | None]:
+    """The dtypes the model holds its trained and its frozen parameters in (None: none frozen)."""
+    held: dict[bool, set[str]] = {True: set(), False: set()}
+    for p in model.parameters():
+        held[p.requires_grad].add(str(p.dtype).removeprefix("torch."))
+    return {k: ",".join(sorted(held[t])) or None for k, t in (("trained", True), ("frozen", False))}
 
 
 def _checkpoint_due(acc: Any, cfg: TrainConfig, step: int, since: float, every_s: float) -> bool:
@@ -516,7 +525,10 @@ def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, 
     from transformers import AutoModelForCausalLM, get_scheduler
 
     transformers.utils.logging.disable_progress_bar()  # our own bar shows the training steps
-    # A frozen base may sit in bf16; what trains stays fp32 (peft keeps adapters in fp32).
+    # What trains stays fp32 under bf16 mixed precision (accelerate autocasts the compute): full
+    # fine-tuning holds fp32 weights, gradients and AdamW moments (costs.FULL_BYTES, 16 bytes a
+    # parameter; FSDP shards them), since AdamW on bf16 weights would keep bf16 moments and round
+    # small updates away. A frozen LoRA base sits in the compute dtype (peft keeps adapters fp32).
     dtype = torch.bfloat16 if _precision(cfg) == "bf16" and cfg.method == "lora" else torch.float32
     remote = job["trust_remote_code"]
     model = AutoModelForCausalLM.from_pretrained(

@@ -87,6 +87,34 @@ def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(
     assert got["state_gb"] > 4 * lora["state_gb"]
 
 
+def test_full_fine_tuning_state_is_sharded_by_an_fsdp_config(study, tmp_path):
+    """16 bytes a parameter in one process (and under DDP); over 4 FSDP processes a quarter
+    each, plus the two layers gathered at a time in bf16; a LoRA base at fp32 counts 4 bytes."""
+    data = study.model_dump(mode="json")
+    data["train"].update(method="full", num_processes=4)
+    ddp = parse(Experiment, data, "x.yaml")
+    fsdp_yaml = tmp_path / "fsdp.yaml"
+    fsdp_yaml.write_text(
+        "distributed_type: FSDP\nnum_processes: 4\nfsdp_config: {fsdp_version: 2}\n"
+    )
+    data["train"]["accelerate_config"] = str(fsdp_yaml)
+    fsdp = parse(Experiment, data, "x.yaml")
+    n, layers = 3.09e9, 36
+    whole = costs.training_memory(ddp, ddp.model("s-qwen2.5-3b"))
+    shard = costs.training_memory(fsdp, fsdp.model("s-qwen2.5-3b"))
+    assert whole["shards"] == 1 and whole["state_gb"] == pytest.approx(n * 16 / 1e9)
+    assert shard["shards"] == 4
+    assert shard["state_gb"] == pytest.approx((n * 16 / 4 + 2 * n / layers * 2) / 1e9)
+    assert shard["activations_gb"] == whole["activations_gb"]  # each rank's own micro-batch
+    line = next(ln for ln in plan.cost_lines(fsdp, []) if "s-qwen2.5-3b: train" in ln)
+    assert f"state {shard['state_gb']:.1f} GB (1/4 each, FSDP)" in line
+    data["train"].update(method="lora", precision="fp32", accelerate_config=None, num_processes=1)
+    fp32 = parse(Experiment, data, "x.yaml")
+    lora32 = costs.training_memory(fp32, fp32.model("s-qwen2.5-3b"))
+    lora16 = costs.training_memory(study, study.model("s-qwen2.5-3b"))
+    assert lora32["state_gb"] - lora16["state_gb"] == pytest.approx(n * 2 / 1e9)
+
+
 def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
     tokens = {("generate", "qwen2.5-7b"): 3.6e9, ("train", "s-qwen2.5-3b"): 1e9}
     hours = costs.gpu_hours(study, tokens)

@@ -534,6 +534,46 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
     assert train.load_tokenizer(str(tmp_path / "merged"), chat_template=True).eos_token == END
 
 
+@pytest.fixture
+def fresh_accelerator() -> Any:
+    """Accelerator state is per process: one made here with other settings starts afresh."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_weights_are_held_in_the_dtypes_plan_counts(
+    toy: tuple, tiny_model: Path, tmp_path: Path, method: str, fresh_accelerator: None
+) -> None:
+    """Under bf16 mixed precision what trains is held in fp32 (full fine-tuning's weights: the
+    optimizer's master copy) and a frozen LoRA base in bf16: the bytes costs.training_memory
+    counts a parameter."""
+    from harness import costs
+
+    exp, store, adapter = toy
+    cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
+    job = {
+        "model_dir": str(tiny_model),
+        "chat_template": True,
+        "trust_remote_code": False,
+        "examples": str(store.cell_dir("dataset", adapter.upstream[0]) / "examples.jsonl"),
+        "train": cfg.model_dump(mode="json"),
+        "seed": 0,
+        "merge": False,
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    held = train.train(tmp_path)["dtypes"]
+    size = {"float32": 4, "bfloat16": 2}
+    assert held["trained"] == "float32" and size[held["trained"]] == costs.FULL_BYTES // 4
+    if method == "lora":
+        assert held["frozen"] == "bfloat16" and size["bfloat16"] == costs.FROZEN_BYTES["bf16"]
+    else:
+        assert held["frozen"] is None  # every weight trains
+
+
 def test_worker_commands(tmp_path: Path) -> None:
     one = train.worker_command(tmp_path, TrainConfig(max_steps=1))
     assert one == [
@@ -639,19 +679,14 @@ def test_fsdp_on_two_processes_saves_whole_weights_and_resumes(
 
 
 def test_fsdp_asked_for_but_not_started_is_an_error(
-    toy: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, fresh_accelerator: None
 ) -> None:
-    """Without the test shim, accelerate on a CPU starts DDP for an FSDP config: the worker
+    """Without the test shim, accelerate on a CPU starts no FSDP for an FSDP config: the worker
     refuses rather than train unsharded copies under a sharded config."""
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     cfg = TrainConfig(max_steps=1, accelerate_config="fsdp.yaml")
-    from accelerate.state import AcceleratorState
-
-    try:
-        with pytest.raises(UserError, match="asks for FSDP, but accelerate started NO"):
-            train._accelerator(cfg)
-    finally:  # the next Accelerator of this process starts afresh
-        AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(UserError, match="asks for FSDP, but accelerate started NO"):
+        train._accelerator(cfg)
 
 
 # --- serving the adapter ------------------------------------------------------------------------
