@@ -10,7 +10,11 @@ under 8 minutes on an H100. Prints tokens/s, model FLOPs utilisation (MFU) and p
    architecture, built from its config (nothing is downloaded), through cotgap's loss
    (harness.train.completion_ce) under accelerate's bf16 mixed precision, with gradient
    checkpointing as `train.gradient_checkpointing: auto` decides;
-3. generation with the same model (transformers' `generate`, what the transformers engine runs).
+3. generation with the same model (transformers' `generate`, what the transformers engine runs);
+4. cotgap's sharded training path: a full fine-tuning of the test-zoo student through
+   `accelerate launch` with an FSDP2 config (one process on the GPU), checkpointed and saved,
+   its merged weights checked whole. accelerate shards only on accelerators, so the CPU dry run
+   lifts that one gate as the test suite does (tests/fsdp_cpu/sitecustomize.py).
 
 MFU counts 6N FLOPs a trained token for full fine-tuning, 4N for LoRA (no weight gradients),
 +2N when activations are recomputed, and 2N a generated token (Kaplan et al. 2020), against the
@@ -73,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     report["lora"] = train_steps(args.device, "lora")
     report["full"] = train_steps(args.device, "full")
     report["generate"] = generate(args.device)
+    report["fsdp"] = fsdp(args.device)
     text = json.dumps(report)
     print(text)
     if args.out:
@@ -251,6 +256,68 @@ def generate(device: str) -> dict[str, Any]:
         flush=True,
     )
     return result
+
+
+FSDP_CONFIG = """\
+distributed_type: FSDP
+num_machines: 1
+num_processes: 1
+mixed_precision: 'no'
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_state_dict_type: SHARDED_STATE_DICT
+"""
+
+
+def fsdp(device: str) -> dict[str, Any]:
+    """harness.train's worker under accelerate FSDP2: 4 steps of full fine-tuning with a sharded
+    checkpoint at step 2, then the whole weights gathered into merged/ (every tensor of the
+    base, at its shape)."""
+    from safetensors.torch import load_file
+
+    from harness import train
+    from harness.config import TrainConfig
+
+    student = REPO / "harness" / "sandbox" / "models" / "test-student"
+    cfg = TrainConfig(method="full", max_steps=4, checkpoint_every=2, per_device_batch_size=4)
+    with tempfile.TemporaryDirectory(prefix="cotgap-gpu-check-fsdp-") as tmp:
+        cell = Path(tmp)
+        (cell / "fsdp.yaml").write_text(FSDP_CONFIG)
+        cfg = cfg.model_copy(update={"accelerate_config": str(cell / "fsdp.yaml")})
+        rows = [{"prompt": f"{a}+{a}", "completion": f"{2 * a}"} for a in range(32)]
+        (cell / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        job = {"model_dir": str(student), "chat_template": True, "trust_remote_code": False,
+               "examples": str(cell / "examples.jsonl"), "train": cfg.model_dump(mode="json"),
+               "seed": 0, "merge": False, "checkpoint_seconds": 0}  # fmt: skip
+        (cell / "job.json").write_text(json.dumps(job))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        if device == "cpu":  # the dry run: accelerate's CPU gate lifted (see the docstring)
+            shim = [str(REPO / "tests" / "fsdp_cpu"), str(REPO)]
+            env["PYTHONPATH"] = os.pathsep.join([*shim, env.get("PYTHONPATH", "")])
+        t0 = time.perf_counter()
+        out = subprocess.run(
+            train.worker_command(cell, cfg), capture_output=True, text=True, env=env
+        )
+        seconds = time.perf_counter() - t0
+        if out.returncode:
+            raise SystemExit(f"gpu_check: FSDP training failed:\n{out.stderr[-3000:]}")
+        base = load_file(student / "model.safetensors")
+        tuned = load_file(cell / "merged" / "model.safetensors")
+        whole = {n: tuple(w.shape) for n, w in tuned.items()} == {
+            n: tuple(w.shape) for n, w in base.items()
+        }
+        summary = json.loads((cell / "summary.json").read_text())
+        sharded = (cell / "checkpoints" / "step-2" / "pytorch_model_fsdp_0").is_dir()
+    print(
+        f"4. FSDP full fine-tuning: {seconds:.1f} s, sharded checkpoint: {sharded}, "
+        f"merged weights whole: {whole}",
+        flush=True,
+    )
+    if not (whole and sharded):
+        raise SystemExit("gpu_check: the FSDP run did not shard, or saved partial weights")
+    return {"seconds": round(seconds, 1), "steps": summary["steps"], "whole": whole,
+            "sharded_checkpoint": sharded, "dtypes": summary["dtypes"]}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -116,7 +116,7 @@ NOTES = {
     "TrackingConfig": {"mlflow": "MLflow local file store", "wandb": "W&B offline runs"},
     "EngineSettings": {
         "tensor_parallel_size": "GPUs a model is split over (vLLM)",
-        "data_parallel_size": "engine replicas (vLLM)",
+        "data_parallel_size": "engine replicas, one process each, sharing a traces cell's items",
         "pipeline_parallel_size": "pipeline stages (vLLM)",
         "gpu_memory_utilization": "share of GPU memory vLLM may use",
         "kv_cache_memory_bytes": "KV cache size (vLLM; CPU default 1 GiB)",

@@ -110,10 +110,11 @@ class Cell:
         """What the cell's group asks of a scheduler: the model's `resources`, or from its size."""
         spec = exp.model(self.model)
         r, e = spec.resources, spec.engine
+        # a served model's requests need no device here; only traces cells run one engine
+        # replica per engine.data_parallel_size (harness/generate.py), the others one
+        replicas = e.data_parallel_size if self.kind == "traces" else 1
         parallel = (
-            0  # a served model's requests need no device here
-            if spec.served
-            else e.tensor_parallel_size * e.pipeline_parallel_size * e.data_parallel_size
+            0 if spec.served else e.tensor_parallel_size * e.pipeline_parallel_size * replicas
         )
         gpus = r.gpus if r.gpus is not None else float(self._parallel(exp, parallel))
         memory = r.memory_gb

@@ -4,9 +4,9 @@ stage, from the config alone (no model or data is loaded). `cotgap plan` prints 
     cotgap plan configs/paper-study.yaml
 
 Memory: weights at the engine's dtype, the KV cache of the configured sequences, and for a
-student the training state (LoRA: frozen bf16 weights, fp32 adapters with their gradients and
-AdamW moments; full: accelerate's mixed precision, fp32 weights, gradients and moments) plus the
-activations of one micro-batch (Korthikanti et al. 2022: about 34 x tokens x hidden bytes a layer
+student the training state (LoRA: frozen weights in the compute dtype, fp32 adapters with their
+gradients and AdamW moments; full: 16 bytes a parameter, fp32 weights, gradients and moments under
+accelerate's bf16 mixed precision; 1/G of it under FSDP over G processes) plus the activations of one micro-batch (Korthikanti et al. 2022: about 34 x tokens x hidden bytes a layer
 in 16 bits with flash attention; with gradient checkpointing the layer inputs plus one layer).
 
 GPU-hours: FLOPs per token (Kaplan et al. 2020: 2N to generate, 6N to train fully, 4N for LoRA,
@@ -121,6 +121,7 @@ def serving_memory(exp: Experiment, spec: ModelSpec, max_tokens: int) -> dict[st
     seqs = max(0, int(room * GB // (per_token * seq)))
     return {
         "gpus": gpus,
+        "replicas": e.data_parallel_size,  # traces cells only: each replica holds `gpus`
         "weights_gb": weights,
         "kv_per_seq_gb": per_token * seq / GB,
         "kv_batch_gb": per_token * seq * (e.max_num_seqs or DEFAULT_MAX_SEQS) / GB,
@@ -131,28 +132,59 @@ def serving_memory(exp: Experiment, spec: ModelSpec, max_tokens: int) -> dict[st
     }
 
 
+# Bytes a parameter of training state, by what it is (harness/train.py loads them so): full
+# fine-tuning keeps fp32 weights (the optimizer's master copy) and fp32 gradients and AdamW moments,
+# and computes in bf16 under accelerate's mixed precision; bf16-resident weights would leave AdamW
+# its moments in bf16 and round away updates below bf16's resolution. LoRA keeps its frozen base in
+# the compute dtype and its adapters as full fine-tuning keeps its weights.
+FULL_BYTES = 4 + 4 + 8  # fp32 weights, gradients, AdamW's two moments
+FROZEN_BYTES = {"bf16": 2, "fp32": 4}
+
+
+def fsdp_processes(cfg: TrainConfig) -> int:
+    """The processes the weights are sharded over: train.num_processes when
+    train.accelerate_config is an FSDP config on this machine, else 1 (DDP and a single process
+    hold whole copies; a DeepSpeed config is not modelled)."""
+    import yaml
+
+    if not cfg.accelerate_config or cfg.num_processes == 1:
+        return 1
+    try:
+        conf = yaml.safe_load(Path(cfg.accelerate_config).expanduser().read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return 1
+    return cfg.num_processes if conf.get("distributed_type") == "FSDP" else 1
+
+
 def training_memory(exp: Experiment, spec: ModelSpec) -> dict[str, Any]:
-    """GB one training process of this student needs (per GPU; DDP replicates the model)."""
+    """GB one training process of this student needs (per GPU): the training state (whole under
+    DDP, 1/G of it under FSDP over G processes, plus the two layers FSDP gathers at a time in the
+    compute dtype), the activations of one micro-batch and the chunked loss's logits."""
     a = arch(spec)
     if a is None:
         return {}
     tr = exp.train
     n = a.params
+    compute = "fp32" if tr.precision == "fp32" else "bf16"  # auto is bf16 on a GPU
     if tr.method == "lora":
         inner = 2 * a.hidden + 2 * a.kv_heads * a.head_dim  # q, o; k, v (in + out of each)
         lora = a.layers * tr.lora.r * (inner * 2 + 3 * (a.hidden * 5))  # + gate, up, down (~5h)
-        state = n * 2 + lora * 16
+        state = n * FROZEN_BYTES[compute] + lora * FULL_BYTES
     else:
-        state = n * 16  # fp32 weights and gradients, AdamW's two moments
+        state = n * FULL_BYTES
+    shards = fsdp_processes(tr)
+    gathered = 2 * n / a.layers * FROZEN_BYTES[compute] if shards > 1 else 0.0
     tokens = tr.per_device_batch_size * tr.max_length
     recompute = checkpointing(tr, n)
     per_layer = 34 * tokens * a.hidden
     acts = (2 * tokens * a.hidden * a.layers + per_layer) if recompute else per_layer * a.layers
     loss = 2 * CHUNK_BYTES + tokens * a.hidden * 4
+    state = state / shards + gathered
     need = (state + acts + loss) / GB + RUNTIME_GB
     have = exp.costs.gpu_memory_gb
     return {
         "state_gb": state / GB,
+        "shards": shards,
         "activations_gb": acts / GB,
         "checkpointing": recompute,
         "need_gb": need,
@@ -195,7 +227,8 @@ def served_cost(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[s
 
 def gpu_hours(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[str, float]:
     """GPU-hours per stage from the tokens of each (stage, model), at each model's rate per GPU
-    (a tensor-parallel group of g GPUs runs g times one GPU's rate: the GPU-hours are the same)."""
+    (a tensor-parallel group of g GPUs runs g times one GPU's rate, and d data-parallel replicas
+    d times one replica's: the GPU-hours are the same, the hours d times fewer)."""
     hours: dict[str, float] = {}
     for (stage, model), n in tokens.items():
         if exp.model(model).served:  # paid per token (served_cost), not in this run's GPU-hours

@@ -66,6 +66,28 @@ def one_each(n: int, gpus: list[str]) -> list[dict[str, str]]:
     return [{"CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else {} for i in range(n)]
 
 
+def replicas(n: int, per: int) -> list[tuple[str, ...]]:
+    """The GPUs of each of up to n engine replicas of `per` GPUs (tensor x pipeline parallel),
+    cut from those this thread's group may use: as many replicas as fit, at least one; n replicas
+    with none on a machine without GPUs (they share its CPU)."""
+    gpus = usable()
+    if not gpus:
+        return [()] * n
+    fit = max(1, min(n, len(gpus) // per))
+    return [tuple(gpus[i * per : (i + 1) * per]) for i in range(fit)]
+
+
+@contextlib.contextmanager
+def visible(gpus: tuple[str, ...]) -> Iterator[None]:
+    """Children started from this thread meanwhile see only `gpus` (a replica's share of what
+    the group holds; none: no GPU) and get a child process of their own."""
+    token = _HELD.set(tuple(gpus))
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
 class Allocator:
     """Hands out the node's GPUs: `acquire(n)` waits until n are free and takes them."""
 

@@ -11,7 +11,9 @@ Items are generated in windows of `chunk_seqs` sequences, and within a window a 
 written as soon as every earlier item of the window is written, so the file on disk is always
 a run of whole items in item order. A killed run keeps those items, regenerates the rest and
 ends with the same bytes as an uninterrupted run: each request samples with its own seed
-(base seed, item id), so its output does not depend on which items share its batch.
+(base seed, item id), so its output does not depend on which items share its batch. The same
+makes data-parallel generation exact: with `engine.data_parallel_size: N`, N engines in N
+children, each on its own GPUs, generate contiguous shares of the items, joined in item order.
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import answers, distill, engines, scoring, tasks
+from harness import answers, devices, distill, engines, scoring, tasks
 from harness.config import Experiment
 from harness.engines import Engine, Request, Sampling
 from harness.scoring import TRACES, trace_record
-from harness.store import Store, atomic_write_bytes, atomic_write_text, jsonl_text, read_jsonl
+from harness.store import (
+    JsonlWriter,
+    Store,
+    atomic_write_bytes,
+    atomic_write_text,
+    jsonl_text,
+    read_jsonl,
+    safe_name,
+)
 
 if TYPE_CHECKING:
     from harness.cells import Traces
@@ -49,6 +59,11 @@ def run(
     cells = engines.pending(store, cells, "traces")
     if not cells:
         return {}
+    spec = exp.model(cells[0].model)
+    e = spec.engine
+    gpus = devices.replicas(e.data_parallel_size, e.tensor_parallel_size * e.pipeline_parallel_size)
+    if len(gpus) > 1 and not spec.served:
+        return _run_replicas(exp, store, cells, gpus, progress, inprocess, chunk_seqs)
     args = (exp, str(store.root), cells, chunk_seqs)
     return engines.run_stage(
         "generate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess
@@ -77,6 +92,118 @@ def work(
         c.key: _generate_cell(exp, store, c, task, items, engine, _drawn(sampling, c), chunk_seqs)
         for c, task, items in loaded
     }
+
+
+def _run_replicas(
+    exp: Experiment,
+    store: Store,
+    cells: list[Traces],
+    gpus: list[tuple[str, ...]],
+    progress: bool,
+    inprocess: bool | None,
+    chunk_seqs: int,
+) -> dict[str, dict]:
+    """engine.data_parallel_size: replica i of N generates the i-th contiguous share of every
+    cell's items, in a child of its own that sees only its GPUs (`gpus[i]`), into a file of its
+    own in the cell; the shares are then joined in item order into the cell. Each request samples
+    with its own seed (base seed, item id), so the cell holds the bytes one engine would write."""
+    import concurrent.futures
+    import contextlib
+    import threading
+
+    from harness.progress import StageProgress
+
+    model, n = cells[0].model, len(gpus)
+    label = f"generate ({model}: {', '.join(c.label for c in cells)})"
+    lock = threading.Lock()
+    with contextlib.ExitStack() as stack:
+        opened = [
+            stack.enter_context(store.open_cell(c.kind, c.key, c.config, c.upstream)) for c in cells
+        ]
+        bar = stack.enter_context(StageProgress(f"generate {model} x{n}", enabled=progress))
+
+        def relay(event: dict) -> None:  # the replicas' totals add up
+            with lock:
+                bar.update(
+                    {**event, "total": (bar.total or 0) + event["total"]}
+                    if "total" in event
+                    else event
+                )
+
+        def replica(i: int) -> dict[str, dict]:
+            log = store.root / "logs" / f"generate-{safe_name(model)}-replica{i}.log"
+            args = (exp, str(store.root), cells, i, n, chunk_seqs)
+            with devices.visible(gpus[i]):
+                return engines.run_in_child(
+                    work_replica, *args, label=f"{label} replica {i}", log_path=log,
+                    on_event=relay, inprocess=inprocess,
+                )  # fmt: skip
+
+        # in this process (tests, debuggers) the replicas run one after another
+        here = engines.inprocess_default() if inprocess is None else inprocess
+        threads = 1 if here else n
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            parts = list(pool.map(replica, range(n)))
+        return {
+            c.key: _join_replicas(exp, out, c, [p[c.key] for p in parts])
+            for c, out in zip(cells, opened, strict=True)
+        }
+
+
+def work_replica(
+    exp: Experiment, root: str, cells: list[Traces], replica: int, replicas: int, chunk_seqs: int
+) -> dict[str, dict]:
+    """The engine side of one replica (in its child): its share of each cell's items."""
+    store, sampling = Store(root), Sampling.from_config(exp.generate)
+    loaded = [(c, task, items, share(items, replica, replicas)) for c, task, items in
+              ((c, *task_items(exp, c, "train")) for c in cells)]  # fmt: skip
+    engines.emit({"total": sampling.n * sum(len(part) for *_, part in loaded)})
+    engines.emit({"status": f"starting the {exp.generate.engine} engine"})
+    k = max(c.config["generate"].get("top_logprobs", 0) for c in cells)
+    engine = engines.load(exp.generate.engine, exp.model(cells[0].model), max_logprobs=k)
+    out = {}
+    for c, task, items, part in loaded:
+        engines.emit({"cell": c.label})
+        drawn = _drawn(sampling, c)
+        path = store.cell_dir(c.kind, c.key) / replica_file(replica, replicas)
+        drop_unfinished_items(path, drawn.n)
+        got = _generate_items(exp, c, task, part, engine, drawn, chunk_seqs, path)
+        out[c.key] = {**got, "n_items": len(items)}
+    return out
+
+
+def share(items: list, i: int, n: int) -> list:
+    """The i-th of n contiguous shares of `items` (their sizes differ by at most one)."""
+    return items[i * len(items) // n : (i + 1) * len(items) // n]
+
+
+def replica_file(i: int, n: int) -> str:
+    """Replica i's share of a traces cell while it generates (a dot file: not an output)."""
+    return f".replica-{i}-of-{n}.jsonl"
+
+
+def _join_replicas(exp: Experiment, c: Any, cell: Traces, parts: list[dict]) -> dict[str, Any]:
+    """The replicas' shares joined in item order into the cell's traces (and top-k lines), which
+    is then completed; a share resumed from an earlier run is re-scored with the rest."""
+    sampling = _drawn(Sampling.from_config(exp.generate), cell)
+    files = [c.dir / replica_file(i, len(parts)) for i in range(len(parts))]
+    atomic_write_bytes(c.dir / TRACES, b"".join(f.read_bytes() for f in files))
+    if sampling.top_logprobs:
+        lines = b"".join(_topk_path(f).read_bytes() for f in files)
+        atomic_write_bytes(c.dir / distill.TOPK_LINES, lines)
+    if any(p["resumed_items"] for p in parts):
+        scoring.rescore_partial(c.dir, exp.data_dir)
+    for f in c.dir.glob(".replica-*"):  # and those of an earlier run with another count
+        f.unlink()
+    part = {
+        "resumed_items": sum(p["resumed_items"] for p in parts),
+        "tokens": sum(p["tokens"] for p in parts),
+        "gen_s": max(p["gen_s"] for p in parts),  # the replicas ran at the same time
+        "engine": {**parts[0]["engine"], "replicas": len(parts)},
+        "usage": {},
+    }
+    packages = engines.ENGINES[exp.generate.engine].packages
+    return _finish_cell(c, cell, part, parts[0]["n_items"], sampling, packages)
 
 
 def _drawn(sampling: Sampling, cell: Traces) -> Sampling:
@@ -112,17 +239,35 @@ def _generate_cell(
     sampling: Sampling,
     chunk_seqs: int,
 ) -> dict[str, Any]:
-    n, extractor = sampling.n, cell.extractor
     engines.emit({"cell": cell.label})
     with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as c:
         journal_to(engine, c.dir / JOURNAL)  # a served model's answers, kept as they come
-        drop_unfinished_items(c.dir / TRACES, n)
+        drop_unfinished_items(c.dir / TRACES, sampling.n)
         scoring.rescore_partial(c.dir, exp.data_dir)
-        out = c.jsonl(TRACES)
-        records, done = list(out.records), {r["id"] for r in out.records}
-        topk = _topk_lines(c, records) if sampling.top_logprobs else None
-        engines.emit({"skipped": len(records)})
-        gen_s, per_chunk = 0.0, max(1, chunk_seqs // n)
+        part = _generate_items(exp, cell, task, items, engine, sampling, chunk_seqs, c.dir / TRACES)
+        return _finish_cell(c, cell, part, len(items), sampling, engine.packages)
+
+
+def _generate_items(
+    exp: Experiment,
+    cell: Traces,
+    task: tasks.TaskSpec,
+    items: list[tasks.Item],
+    engine: Engine,
+    sampling: Sampling,
+    chunk_seqs: int,
+    path: Path,
+) -> dict[str, Any]:
+    """The records of `items` into `path` (the cell's traces, or a replica's share of them),
+    resuming after the whole items already there; with top-k, their lines beside it. Returns
+    what the summary needs: items resumed, tokens generated, seconds, the engine."""
+    n, extractor = sampling.n, cell.extractor
+    out = JsonlWriter(path)
+    records, done = list(out.records), {r["id"] for r in out.records}
+    topk = _topk_lines(_topk_path(path), records) if sampling.top_logprobs else None
+    engines.emit({"skipped": len(records)})
+    gen_s, per_chunk, resumed = 0.0, max(1, chunk_seqs // n), len(records)
+    try:
         for start in range(0, len(items), per_chunk):
             todo = [it for it in items[start : start + per_chunk] if it.id not in done]
             if not todo:
@@ -139,34 +284,57 @@ def _generate_cell(
                         topk.write({"id": todo[i].id, "sample": k, **distill.encode_topk(s)})
                     out.write(records[-1])
             gen_s += time.perf_counter() - t0
-        tokens = sum(r["completion_tokens"] for r in records[len(done) * n :])
-        summary = summarize(records, n_items=len(items), n=n, tokens=tokens, gen_s=gen_s)
-        summary.update(
-            # the extractor that scored the records: the dataset stage re-scores them when the
-            # extractor's version has changed since (its key leaves the version out)
-            extractor=extractor,
-            extractor_version=answers.get_extractor(extractor).version,
-            engine={"name": engine.name, "version": engine.version(), **provenance(engine)},
-            sampling=sampling.as_dict(),
-            resumed_items=len(done),
-        )
+    finally:
+        out.close()
         if topk is not None:
             topk.close()
-            summary.update(_pack_topk(c.dir, sampling.top_logprobs))
-        if usage := served_usage(engine):
-            summary["usage"] = usage
-        c.finish(summary, packages=engine.packages)
+    return {
+        "resumed_items": resumed // n,
+        "tokens": sum(r["completion_tokens"] for r in records[resumed:]),
+        "gen_s": gen_s,
+        "engine": {"name": engine.name, "version": engine.version(), **provenance(engine)},
+        "usage": served_usage(engine),
+    }
+
+
+def _finish_cell(
+    c: Any, cell: Traces, part: dict, n_items: int, sampling: Sampling, packages: tuple
+) -> dict[str, Any]:
+    """Summarise the cell's records (all of them, resumed ones included) and complete it."""
+    records = read_jsonl(c.dir / TRACES)
+    n = sampling.n
+    summary = summarize(records, n_items=n_items, n=n, tokens=part["tokens"], gen_s=part["gen_s"])
+    summary.update(
+        # the extractor that scored the records: the dataset stage re-scores them when the
+        # extractor's version has changed since (its key leaves the version out)
+        extractor=cell.extractor,
+        extractor_version=answers.get_extractor(cell.extractor).version,
+        engine=part["engine"],
+        sampling=sampling.as_dict(),
+        resumed_items=part["resumed_items"],
+    )
+    if sampling.top_logprobs:
+        summary.update(_pack_topk(c.dir, sampling.top_logprobs))
+    if part["usage"]:
+        summary["usage"] = part["usage"]
+    c.finish(summary, packages=packages)
     return summary
 
 
-def _topk_lines(cell: Any, records: list[dict]) -> Any:
-    """topk.jsonl's writer, its lines cut back to the trace records kept on disk (a killed run
-    may have written a line for a record it never wrote)."""
-    path = cell.dir / distill.TOPK_LINES
+def _topk_path(traces: Path) -> Path:
+    """The top-k lines beside a traces file: topk.jsonl, or `.replica-I-of-N.topk.jsonl`."""
+    if traces.name == TRACES:
+        return traces.with_name(distill.TOPK_LINES)
+    return traces.with_name(traces.name.removesuffix(".jsonl") + ".topk.jsonl")
+
+
+def _topk_lines(path: Path, records: list[dict]) -> Any:
+    """The top-k lines' writer, its lines cut back to the trace records kept on disk (a killed
+    run can leave a line whose record it never wrote)."""
     kept = {(r["id"], r["sample"]) for r in records}
     lines = [x for x in read_jsonl(path, repair=True) if (x["id"], x["sample"]) in kept]
     atomic_write_text(path, jsonl_text(lines))
-    return cell.jsonl(distill.TOPK_LINES)
+    return JsonlWriter(path)
 
 
 def _pack_topk(cell_dir: Path, k: int) -> dict[str, Any]:

@@ -406,8 +406,10 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             lines.append(f"  {m.name}: shape unknown (not on this machine, not in costs.KNOWN)")
             continue
         fit = "fits" if serve["fits"] else "[red]does not fit[/]"
+        dp = serve["replicas"]
+        where = f"{serve['gpus']} GPU" + (f" x {dp} replicas for traces" if dp > 1 else "")
         lines.append(
-            f"  {m.name}: serve on {serve['gpus']} GPU: weights {serve['weights_gb']:.1f} GB + KV "
+            f"  {m.name}: serve on {where}: weights {serve['weights_gb']:.1f} GB + KV "
             f"{serve['kv_per_seq_gb']:.2f} GB a sequence ({serve['kv_batch_gb']:.0f} GB for a full "
             f"batch); {fit} in {serve['have_gb']:.0f} GB, {serve['concurrent_seqs']} sequences at once"
         )
@@ -415,8 +417,9 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             tr = costs.training_memory(exp, m)
             fit = "fits" if tr["fits"] else "[red]does not fit[/]"
             gc = "on" if tr["checkpointing"] else "off"
+            shard = f" (1/{tr['shards']} each, FSDP)" if tr["shards"] > 1 else ""
             lines.append(
-                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB + "
+                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB{shard} + "
                 f"activations {tr['activations_gb']:.1f} GB (gradient checkpointing {gc}) = "
                 f"{tr['need_gb']:.1f} GB a process; {fit} in {tr['have_gb']:.0f} GB"
             )

@@ -411,17 +411,26 @@ def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
                 _checkpoint(acc, cell_dir, progress)
                 saved = time.perf_counter()
             bar.update({"fields": f"loss {loss:.3f}", "samples": 1, "tokens": int(counts[1])})
-    _save(acc, model, tok, cell_dir, job["merge"], cfg.method)
+    _save(acc, model, tok, cell_dir, job, cfg.method)
     summary = {}
     if log:
         log.close()
         summary = _summary(cell_dir, cfg, progress, len(data), world)
         summary["distillation"] = _method_summary(method)
+        summary["dtypes"] = _dtypes(model)
         atomic_write_json(cell_dir / "summary.json", summary)
         if "cell" in job:
             _complete(cell_dir, job, summary, started)
     acc.end_training()
     return summary
+
+
+def _dtypes(model: Any) -> dict[str, str | None]:
+    """The dtypes the model holds its trained and its frozen parameters in (None: none frozen)."""
+    held: dict[bool, set[str]] = {True: set(), False: set()}
+    for p in model.parameters():
+        held[p.requires_grad].add(str(p.dtype).removeprefix("torch."))
+    return {k: ",".join(sorted(held[t])) or None for k, t in (("trained", True), ("frozen", False))}
 
 
 def _checkpoint_due(acc: Any, cfg: TrainConfig, step: int, since: float, every_s: float) -> bool:
@@ -471,6 +480,13 @@ def _accelerator(cfg: TrainConfig) -> Any:
     )
     if acc.num_processes != cfg.num_processes:  # the effective batch must be the one configured
         raise UserError(f"train.num_processes is {cfg.num_processes}; {acc.num_processes} started.")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and not _sharded(acc):
+        raise UserError(
+            f"train.accelerate_config {cfg.accelerate_config} asks for FSDP, but accelerate "
+            f"started {acc.distributed_type.value}: accelerate shards only on accelerators (GPUs), "
+            "and on a CPU it would train unsharded copies without saying so. Run on GPUs, or "
+            "drop the FSDP config (train.num_processes alone trains with DDP)."
+        )
     return acc
 
 
@@ -509,7 +525,10 @@ def _model_and_optimizer(job: dict, cfg: TrainConfig, total: int) -> tuple[Any, 
     from transformers import AutoModelForCausalLM, get_scheduler
 
     transformers.utils.logging.disable_progress_bar()  # our own bar shows the training steps
-    # A frozen base may sit in bf16; what trains stays fp32 (peft keeps adapters in fp32).
+    # What trains stays fp32 under bf16 mixed precision (accelerate autocasts the compute): full
+    # fine-tuning holds fp32 weights, gradients and AdamW moments (costs.FULL_BYTES, 16 bytes a
+    # parameter; FSDP shards them), since AdamW on bf16 weights would keep bf16 moments and round
+    # small updates away. A frozen LoRA base sits in the compute dtype (peft keeps adapters fp32).
     dtype = torch.bfloat16 if _precision(cfg) == "bf16" and cfg.method == "lora" else torch.float32
     remote = job["trust_remote_code"]
     model = AutoModelForCausalLM.from_pretrained(
@@ -759,7 +778,7 @@ def _hidden(acc: Any, model: Any, inputs: dict, keep: torch.Tensor) -> tuple[tor
 def _chunked_loss(acc: Any, model: Any) -> bool:
     import inspect
 
-    if acc.distributed_type.value in ("FSDP", "DEEPSPEED"):
+    if _sharded(acc):
         return False
     base = acc.unwrap_model(model)
     base = base.get_base_model() if hasattr(base, "get_base_model") else base
@@ -821,8 +840,14 @@ def _checkpoint_trainable_only(acc: Any) -> None:
         if result.unexpected_keys or set(_trainable(model)) - set(state):
             raise UserError(f"{input_dir}: checkpoint does not fit the model; delete the folder.")
 
+    if _sharded(acc):  # each rank saves and loads its own shard of every state (accelerate)
+        return
     acc.register_save_state_pre_hook(save)
     acc.register_load_state_pre_hook(load)
+
+
+def _sharded(acc: Any) -> bool:
+    return acc.distributed_type.value in ("FSDP", "DEEPSPEED")
 
 
 def _resume(acc: Any, cell_dir: Path) -> dict:
@@ -865,25 +890,42 @@ def _open_log(acc: Any, cell_dir: Path, step: int) -> JsonlWriter | None:
     return JsonlWriter(path)
 
 
-def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, merge: bool, method: str) -> None:
-    """adapter/ in PEFT format (LoRA); merged/, a standalone model (full, or LoRA when merging)."""
+def _save(acc: Any, model: Any, tok: Any, cell_dir: Path, job: dict, method: str) -> None:
+    """adapter/ in PEFT format (LoRA); merged/, a standalone model (full, or LoRA when merging).
+    Sharded (FSDP, DeepSpeed), every rank takes part in gathering the full weights to rank 0."""
     acc.wait_for_everyone()
+    state = acc.get_state_dict(model) if _sharded(acc) else None  # a collective
     if not acc.is_main_process:
         return
     model = acc.unwrap_model(model)
     if method == "lora":
-        _write_dir(cell_dir / "adapter", lambda d: _save_adapter(model, d))
-        model = model.merge_and_unload() if merge else model  # after the adapter is written
-    if method == "full" or merge:
+        _write_dir(cell_dir / "adapter", lambda d: _save_adapter(model, d, state))
+        if job["merge"]:  # after the adapter is written
+            model = _merged(job, cell_dir / "adapter") if state else model.merge_and_unload()
+            state = None
+    if method == "full" or job["merge"]:
         _write_dir(
-            cell_dir / "merged", lambda d: (model.save_pretrained(d), tok.save_pretrained(d))
+            cell_dir / "merged",
+            lambda d: (model.save_pretrained(d, state_dict=state), tok.save_pretrained(d)),
         )
 
 
-def _save_adapter(model: Any, out: Path) -> None:
-    """save_pretrained, with the config's sets (target_modules) sorted: peft writes them in hash
-    order, which differs from process to process, and artefacts must be byte-stable."""
-    model.save_pretrained(out)
+def _merged(job: dict, adapter: Path) -> Any:
+    """The base model with the adapter merged in, built on this process from the saved files (a
+    sharded model has no whole weights to merge into)."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    remote = job["trust_remote_code"]
+    base = AutoModelForCausalLM.from_pretrained(job["model_dir"], trust_remote_code=remote)
+    return peft.PeftModel.from_pretrained(base, adapter).merge_and_unload()
+
+
+def _save_adapter(model: Any, out: Path, state: dict | None = None) -> None:
+    """save_pretrained (from `state`, the gathered weights, when sharded), with the config's sets
+    (target_modules) sorted: peft writes them in hash order, which differs from process to
+    process, and artefacts must be byte-stable."""
+    model.save_pretrained(out, state_dict=state)
     sets = {k for k, v in vars(model.peft_config["default"]).items() if isinstance(v, set)}
     path = Path(out) / "adapter_config.json"
     config = json.loads(path.read_text())

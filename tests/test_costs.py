@@ -55,6 +55,26 @@ def test_a_72b_teacher_fits_four_gpus_not_one(study):
     assert costs.serving_memory(bigger, bigger.model("qwen2.5-72b"), 4096)["fits"]
 
 
+def test_data_parallel_replicas_multiply_the_traces_gpus_not_the_gpu_hours(study, tmp_path):
+    """engine.data_parallel_size 2: traces cells hold two replicas' GPUs, eval cells one
+    replica's; memory per replica and GPU-hours stay those of one engine."""
+    two = _with(study, "qwen2.5-7b", data_parallel_size=2, tensor_parallel_size=2)
+    one = _with(study, "qwen2.5-7b", tensor_parallel_size=2)
+    mem = costs.serving_memory(two, two.model("qwen2.5-7b"), 4096)
+    assert (mem["gpus"], mem["replicas"]) == (2, 2)
+    assert {k: v for k, v in mem.items() if k != "replicas"} == {
+        k: v for k, v in costs.serving_memory(one, one.model("qwen2.5-7b"), 4096).items()
+        if k != "replicas"
+    }  # fmt: skip
+    cells = [c for c in grid.expand(two).unique() if c.model == "qwen2.5-7b"]
+    asks = {c.kind: c.resources(two)["gpus"] for c in cells}
+    assert asks == {"traces": 4.0, "eval": 2.0}
+    tokens = {("generate", "qwen2.5-7b"): 3.6e9}
+    assert costs.gpu_hours(two, tokens) == costs.gpu_hours(one, tokens)
+    line = next(ln for ln in plan.cost_lines(two, []) if "qwen2.5-7b: serve" in ln)
+    assert line.startswith("  qwen2.5-7b: serve on 2 GPU x 2 replicas for traces: weights 15.2")
+
+
 def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(study):
     lora = costs.training_memory(study, study.model("s-qwen2.5-3b"))
     small = costs.training_memory(study, study.model("s-qwen2.5-0.5b"))
@@ -65,6 +85,34 @@ def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(
     got = costs.training_memory(full, full.model("s-qwen2.5-3b"))
     assert got["state_gb"] == pytest.approx(3.09e9 * 16 / 1e9)
     assert got["state_gb"] > 4 * lora["state_gb"]
+
+
+def test_full_fine_tuning_state_is_sharded_by_an_fsdp_config(study, tmp_path):
+    """16 bytes a parameter in one process (and under DDP); over 4 FSDP processes a quarter
+    each, plus the two layers gathered at a time in bf16; a LoRA base at fp32 counts 4 bytes."""
+    data = study.model_dump(mode="json")
+    data["train"].update(method="full", num_processes=4)
+    ddp = parse(Experiment, data, "x.yaml")
+    fsdp_yaml = tmp_path / "fsdp.yaml"
+    fsdp_yaml.write_text(
+        "distributed_type: FSDP\nnum_processes: 4\nfsdp_config: {fsdp_version: 2}\n"
+    )
+    data["train"]["accelerate_config"] = str(fsdp_yaml)
+    fsdp = parse(Experiment, data, "x.yaml")
+    n, layers = 3.09e9, 36
+    whole = costs.training_memory(ddp, ddp.model("s-qwen2.5-3b"))
+    shard = costs.training_memory(fsdp, fsdp.model("s-qwen2.5-3b"))
+    assert whole["shards"] == 1 and whole["state_gb"] == pytest.approx(n * 16 / 1e9)
+    assert shard["shards"] == 4
+    assert shard["state_gb"] == pytest.approx((n * 16 / 4 + 2 * n / layers * 2) / 1e9)
+    assert shard["activations_gb"] == whole["activations_gb"]  # each rank's own micro-batch
+    line = next(ln for ln in plan.cost_lines(fsdp, []) if "s-qwen2.5-3b: train" in ln)
+    assert f"state {shard['state_gb']:.1f} GB (1/4 each, FSDP)" in line
+    data["train"].update(method="lora", precision="fp32", accelerate_config=None, num_processes=1)
+    fp32 = parse(Experiment, data, "x.yaml")
+    lora32 = costs.training_memory(fp32, fp32.model("s-qwen2.5-3b"))
+    lora16 = costs.training_memory(study, study.model("s-qwen2.5-3b"))
+    assert lora32["state_gb"] - lora16["state_gb"] == pytest.approx(n * 2 / 1e9)
 
 
 def test_gpu_hours_follow_the_throughput_table_and_its_override(study):

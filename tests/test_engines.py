@@ -287,10 +287,13 @@ def test_engine_kwargs_pass_settings_through_and_cpu_defaults():
     assert eager["enforce_eager"] is True and graphs["enforce_eager"] is False
 
 
-def test_data_parallel_is_refused_with_a_reason(models_dir):
-    spec = tiny_spec(models_dir, engine=EngineSettings(data_parallel_size=2))
-    with pytest.raises(UserError, match="data_parallel_size 2"):
-        load("vllm", spec)
+def test_an_engine_is_one_replica_whatever_data_parallel_size_says():
+    """data_parallel_size is cotgap's: replicas are engines in children of their own
+    (harness/generate.py, tests/test_gpu_allocator.py); vLLM is never asked for several."""
+    for cuda in (True, False):
+        assert "data_parallel_size" not in engine_kwargs(
+            EngineSettings(data_parallel_size=4), cuda=cuda
+        )
 
 
 def test_lora_rank_rounds_up_to_a_vllm_rank():

@@ -133,3 +133,63 @@ def test_training_workers_get_one_gpu_each(four_gpus):
         assert devices.usable() == ["2", "3"]
         envs = devices.one_each(3, devices.usable())
         assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["2", "3", "2"]
+
+
+# --- data-parallel generation: the real transformers engine on this CPU ---------------------------
+
+
+def _traces_cell(exp: Experiment):
+    (cell,) = grid.expand(exp).select(kind="traces")
+    return cell
+
+
+def test_data_parallel_generation_writes_what_one_engine_writes(tmp_path, four_gpus, monkeypatch):
+    """engine.data_parallel_size 2 on the fake 4-GPU node: the traces group holds 2 GPUs, two
+    engine children (real transformers engines on this CPU) each see one of them, generate half
+    of the items at the same time (one resuming the share a killed run left), and the cell holds
+    the bytes of a one-engine run; the key does not change, and evaluation (one engine) asks for
+    one GPU."""
+    from harness import engines, generate
+
+    config = sandbox_grid("dp", tmp_path / "two", train_limit=8)  # 2 samples each, sampled
+    config["teachers"] = [{**config["teachers"][0], "engine": {"data_parallel_size": 2}}]
+    config["generate"] = {**config["generate"], "engine": "hf", "max_tokens": 32}
+    two = parse(Experiment, config, "dp.yaml")
+    config["teachers"][0]["engine"] = {}
+    config["results_dir"] = str(tmp_path / "one")
+    one = parse(Experiment, config, "dp.yaml")
+    cell = _traces_cell(two)
+    assert cell.key == _traces_cell(one).key  # data_parallel_size changes no output
+    assert cell.resources(two)["gpus"] == 2
+    evals = grid.expand(two).select(kind="eval", model="t-small")
+    assert evals and all(c.resources(two)["gpus"] == 1 for c in evals)
+
+    # one engine first; then replica 1 finds its first item (and a cut line) from a killed run
+    ref = generate.run(one, Store(one.root), [_traces_cell(one)], progress=False)[cell.key]
+    lines = (Store(one.root).cell_dir("traces", cell.key) / "traces.jsonl").read_bytes()
+    lines = lines.splitlines(keepends=True)
+    store = Store(two.root)
+    planted = store.cell_dir("traces", cell.key) / generate.replica_file(1, 2)
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"".join(lines[8:10]) + lines[10][:20])  # item 4 of 8: share 1's first
+
+    calls, lock, real = [], threading.Lock(), engines.run_in_child
+
+    def spy(fn, *args, **kwargs):  # records what the child would see, then runs it for real
+        start = time.monotonic()
+        out = real(fn, *args, **kwargs)
+        with lock:
+            calls.append((devices.child_env().get("CUDA_VISIBLE_DEVICES"), start, time.monotonic()))
+        return out
+
+    monkeypatch.setattr(engines, "run_in_child", spy)
+    with devices.Allocator(devices.node_gpus()).hold(cell.resources(two)["gpus"]) as held:
+        summary = generate.run(two, store, [cell], progress=False, inprocess=False)[cell.key]
+    assert sorted(v for v, *_ in calls) == sorted(held) and len(held) == 2  # one GPU each
+    (a0, a1), (b0, b1) = [(s, e) for _, s, e in calls]
+    assert a0 < b1 and b0 < a1  # the two replicas ran at the same time
+    assert summary["engine"]["replicas"] == 2 and summary["resumed_items"] == 1
+    got = store.cell_dir("traces", cell.key)
+    assert (got / "traces.jsonl").read_bytes() == b"".join(lines)
+    assert summary["n_samples"] == ref["n_samples"] == 2 * 8
+    assert not list(got.glob(".replica-*"))  # the shares are gone once joined

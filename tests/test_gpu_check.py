@@ -1,6 +1,7 @@
 """The GPU check's dry run on the CPU (`--device cpu`: tiny sizes), end to end: the sandbox grid
-through `cotgap run`, LoRA and full fine-tuning steps through cotgap's loss, generation; the
-figures it prints as JSON. On a GPU machine `make gpu-check` runs the same code at full size."""
+through `cotgap run`, LoRA and full fine-tuning steps through cotgap's loss, generation, an FSDP
+run of the training worker; the figures it prints as JSON. On a GPU machine `make gpu-check`
+runs the same code at full size."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def test_the_cpu_dry_run_reports_every_figure(tmp_path):
         assert got[step]["mfu"] is None  # no peak FLOP/s is known for a CPU
     assert got["generate"]["new_tokens"] == 8 and got["generate"]["tokens_per_s"] > 0
     assert "2. lora fine-tuning:" in run.stdout and "3. generation:" in run.stdout
+    fsdp = got["fsdp"]  # accelerate FSDP2 through the worker: sharded checkpoint, whole weights
+    assert fsdp["steps"] == 4 and fsdp["sharded_checkpoint"] and fsdp["whole"]
+    assert fsdp["dtypes"] == {"trained": "float32", "frozen": None}
 
 
 def test_asking_for_cuda_without_a_gpu_says_how_to_dry_run():

@@ -417,7 +417,8 @@ def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float 
         time.sleep(0.005)
     assert done(), "the worker never got there"
     (worker,) = [p for p in psutil.Process().children() if "harness.train" in p.cmdline()]
-    worker.send_signal(signal.SIGKILL)
+    for p in [worker, *worker.children(recursive=True)]:  # with the ranks of a launch
+        p.send_signal(signal.SIGKILL)
     with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
         run.result()
 
@@ -533,6 +534,46 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
     assert train.load_tokenizer(str(tmp_path / "merged"), chat_template=True).eos_token == END
 
 
+@pytest.fixture
+def fresh_accelerator() -> Any:
+    """Accelerator state is per process: one made here with other settings starts afresh."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_weights_are_held_in_the_dtypes_plan_counts(
+    toy: tuple, tiny_model: Path, tmp_path: Path, method: str, fresh_accelerator: None
+) -> None:
+    """Under bf16 mixed precision what trains is held in fp32 (full fine-tuning's weights: the
+    optimizer's master copy) and a frozen LoRA base in bf16: the bytes costs.training_memory
+    counts a parameter."""
+    from harness import costs
+
+    exp, store, adapter = toy
+    cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
+    job = {
+        "model_dir": str(tiny_model),
+        "chat_template": True,
+        "trust_remote_code": False,
+        "examples": str(store.cell_dir("dataset", adapter.upstream[0]) / "examples.jsonl"),
+        "train": cfg.model_dump(mode="json"),
+        "seed": 0,
+        "merge": False,
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    held = train.train(tmp_path)["dtypes"]
+    size = {"float32": 4, "bfloat16": 2}
+    assert held["trained"] == "float32" and size[held["trained"]] == costs.FULL_BYTES // 4
+    if method == "lora":
+        assert held["frozen"] == "bfloat16" and size["bfloat16"] == costs.FROZEN_BYTES["bf16"]
+    else:
+        assert held["frozen"] is None  # every weight trains
+
+
 def test_worker_commands(tmp_path: Path) -> None:
     one = train.worker_command(tmp_path, TrainConfig(max_steps=1))
     assert one == [
@@ -560,6 +601,92 @@ def test_run_needs_a_complete_dataset(toy: tuple) -> None:
     orphan = dataclasses.replace(adapter, key="e" * 20, upstream=("0" * 20,))
     with pytest.raises(UserError, match="not complete"):
         train.run(exp, store, [orphan])[orphan.key]
+
+
+FSDP_CPU = REPO / "tests" / "fsdp_cpu"
+
+
+@pytest.fixture
+def fsdp_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An accelerate config for FSDP2 over two processes (gloo on this CPU), and
+    tests/fsdp_cpu/sitecustomize.py leading the workers' PYTHONPATH: accelerate 1.15 shards only
+    on accelerators and would silently train DDP copies here; the shim flips that one decision,
+    and accelerate's FSDP2 wrapping, sharded checkpoints and gathering run for real."""
+    import socket
+
+    path = [str(FSDP_CPU), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = tmp_path / "fsdp.yaml"
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nnum_machines: 1\n"
+        f"num_processes: 2\nmain_process_port: {port}\nmixed_precision: 'no'\n"
+        "fsdp_config:\n  fsdp_version: 2\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+        "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_reshard_after_forward: true\n"
+    )
+    return str(config)
+
+
+def _shapes(path: Path) -> dict[str, tuple]:
+    return {n: tuple(w.shape) for n, w in load_file(path).items()}
+
+
+@pytest.mark.faults  # six launches of two ranks: ~45 s each on a busy 2-core machine
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_fsdp_on_two_processes_saves_whole_weights_and_resumes(
+    toy: tuple, trained: tuple, tiny_model: Path, fsdp_config: str, method: str
+) -> None:
+    """FSDP2 over two CPU processes: each rank holds half of each weight while training, the
+    cell's adapter and merged model hold every parameter at its full shape (gathered to rank 0),
+    and a run SIGKILLed (launcher and ranks) after a sharded checkpoint resumes to the weights of
+    the uninterrupted run."""
+    exp, store, adapter = toy
+    config = {**adapter.config, "train": {**adapter.config["train"]}}
+    config["train"].update(
+        num_processes=2, accelerate_config=fsdp_config, method=method, merge=True,
+        max_steps=6, checkpoint_every=2, precision="fp32", lr=1e-3 if method == "full" else 1e-2,
+    )  # fmt: skip
+    keys = [f"{'ab'[method == 'full']}{k}" * 10 for k in "12"]  # a cell of its own per method
+    whole, cut = (dataclasses.replace(adapter, key=k, config=config) for k in keys)
+    summary = train.run(exp, store, [whole])[whole.key]
+    assert (summary["steps"], summary["effective_batch"]) == (6, 2 * 8 * 2)
+    cut_dir = store.cell_dir("adapter", cut.key)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        run = pool.submit(train.run, exp, store, [cut])
+        _kill_worker_when(lambda: bool(list((cut_dir / "checkpoints").glob("step-*"))), run)
+    assert not store.complete("adapter", cut.key)
+    (ckpt,) = (cut_dir / "checkpoints").glob("step-*")
+    assert len(list((ckpt / "pytorch_model_fsdp_0").glob("*.distcp"))) == 2  # a shard a rank
+    resumed = train.run(exp, store, [cut])[cut.key]
+    assert resumed["resumed_from"] in (2, 4) and resumed["final_loss"] == summary["final_loss"]
+    files = ["merged/model.safetensors"]
+    if method == "lora":
+        files.append("adapter/adapter_model.safetensors")
+        ref = _shapes(trained[0] / "adapter" / "adapter_model.safetensors")  # one process
+        assert _shapes(store.cell_dir("adapter", whole.key) / files[1]) == ref
+    base = _shapes(tiny_model / "model.safetensors")
+    assert _shapes(store.cell_dir("adapter", whole.key) / files[0]) == base
+    for name in files:
+        a = load_file(store.cell_dir("adapter", whole.key) / name)
+        b = load_file(cut_dir / name)
+        assert all(torch.equal(b[n], w) for n, w in a.items())
+    tuned = load_file(store.cell_dir("adapter", whole.key) / files[0])
+    start = load_file(tiny_model / "model.safetensors")
+    assert not torch.equal(tuned["model.layers.0.mlp.down_proj.weight"], start[
+        "model.layers.0.mlp.down_proj.weight"])  # fmt: skip
+
+
+def test_fsdp_asked_for_but_not_started_is_an_error(
+    monkeypatch: pytest.MonkeyPatch, fresh_accelerator: None
+) -> None:
+    """Without the test shim, accelerate on a CPU starts no FSDP for an FSDP config: the worker
+    refuses rather than train unsharded copies under a sharded config."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    cfg = TrainConfig(max_steps=1, accelerate_config="fsdp.yaml")
+    with pytest.raises(UserError, match="asks for FSDP, but accelerate started NO"):
+        train._accelerator(cfg)
 
 
 # --- serving the adapter ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ __all__ = [
     "Sampling",
     "emit",
     "in_request_order",
+    "inprocess_default",
     "load",
     "pending",
     "request_seed",
@@ -120,6 +121,11 @@ def _reuse_default() -> bool:
     return not (Path("/dev/nvidiactl").exists() or Path("/dev/nvidia0").exists())
 
 
+def inprocess_default() -> bool:
+    """COTGAP_INPROCESS=1: engine work runs in the calling process (debuggers, tests)."""
+    return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
+
+
 def run_in_child(
     fn: Callable[..., Any],
     *args: Any,
@@ -142,7 +148,7 @@ def run_in_child(
     """
     global _emit
     if inprocess is None:
-        inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
+        inprocess = inprocess_default()
     if inprocess:
         previous, _emit = _emit, on_event
         try:

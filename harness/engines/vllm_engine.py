@@ -79,7 +79,8 @@ def engine_kwargs(
     settings: EngineSettings, cuda: bool, model_dir: str | None = None
 ) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments from a model's engine settings (None = vLLM's default)."""
-    # the settings are named as vLLM names them; data parallelism is one replica per process
+    # the settings are named as vLLM names them; an engine is one replica (data parallel
+    # generation runs several engines: harness/generate.py)
     kw: dict[str, Any] = settings.model_dump(exclude={"data_parallel_size"})
     if settings.enforce_eager is None:
         # CUDA graphs make small-batch decoding several times faster on a GPU; on a CPU,
@@ -114,14 +115,6 @@ class VllmEngine(Engine):
         max_loras: int = 2,
         max_logprobs: int = 0,
     ):
-        if spec.engine.data_parallel_size > 1:
-            # vllm.LLM refuses it in one process ("not supported for single-process usage")
-            raise UserError(
-                f"model {spec.name!r}: engine.data_parallel_size {spec.engine.data_parallel_size}: "
-                "the offline vLLM engine runs one replica per process and cotgap does not shard a "
-                "cell over replicas yet; set it to 1 (tensor_parallel_size spreads one replica "
-                "over several GPUs)."
-            )
         super().__init__(spec)
         cpu_env_defaults(spec.engine.tensor_parallel_size)
         import vllm
