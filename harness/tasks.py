@@ -178,6 +178,10 @@ class Scoring(Strict):
         (),
         description="ends of a reasoning part, beside the built-in ones (answers.REASONING_ENDS)",
     )
+    closing_sentence: bool = Field(
+        True,
+        description="with no answer statement, read the answer from the closing sentence",
+    )
 
 
 class TaskSpec(Strict):
