@@ -830,6 +830,17 @@ def _math_at(span: str, choices: Choices = None) -> str | None:
     return value if len(prose) <= 3 else None
 
 
+def _math_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+    """The value after the last "is" of a closing sentence ("Therefore, the value of
+    \\( n \\) is **7**."), when it is mathematics (a digit or a LaTeX command)."""
+    found = _closing_sentence(text)
+    verbs = deque(re.finditer(r"\s(?:is|are|equals)\s", found[0]), maxlen=1) if found else ()
+    if not verbs:
+        return None
+    value = _math_at(_unhedged(found[0][verbs[0].end() :]))
+    return (value, found[0]) if value and re.search(r"[0-9\\]", value) else None
+
+
 def _math_last(text: str, choices: Choices = None) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
@@ -1037,7 +1048,9 @@ EXTRACTORS: dict[str, Extractor] = {
     "number": Extractor(
         "number", 4, ("number",), _number_at, _number_last, closing=_number_closing, working=True
     ),
-    "math": Extractor("math", 3, ("math", "number"), _math_at, _math_last, boxed_first=True),
+    "math": Extractor(
+        "math", 4, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
+    ),
     "choice": Extractor(
         "choice",
         4,
