@@ -233,8 +233,12 @@ def _unhedged(span: str) -> str:
 
 
 def _first_sentence(span: str) -> str:
-    """Up to the first line break or sentence-ending period (not a decimal point)."""
-    return re.split(r"\n|\.(?=\s|$)|[!?;](?=\s|$)", span, maxsplit=1)[0]
+    """Up to the first line break or sentence-ending period (not a decimal point, nor the
+    period of a title such as Mrs.)."""
+    return re.split(rf"\n|{_NOT_A_TITLE}\.(?=\s|$)|[!?;](?=\s|$)", span, maxsplit=1)[0]
+
+
+_NOT_A_TITLE = r"(?<!\bMr)(?<!\bMrs)(?<!\bMs)(?<!\bDr)(?<!\bSt)(?<!\bProf)"
 
 
 # --- numbers ---------------------------------------------------------------------------------------
@@ -380,7 +384,7 @@ _STEP_LABEL = re.compile(r"(?:[\s*_#]*(?i:step|part)\s+[0-9]+\s*[:.)]\**\s*)?")
 _CONCLUDES = re.compile(
     r"[\s*_]*(?:Therefore|Thus|Hence|So|In total|Altogether|Overall|In conclusion|Finally)\b"
 )
-_SENTENCE_BREAK = re.compile(r"(?<=[a-z0-9%)\]'\"”])[.!?]\s+(?=[A-Z(*])")
+_SENTENCE_BREAK = re.compile(rf"(?<=[a-z0-9%)\]'\"”]){_NOT_A_TITLE}[.!?]\s+(?=[A-Z(*])")
 
 
 def _concluding(line: str) -> str:
@@ -395,8 +399,10 @@ def _number_at(span: str, choices: Choices = None, working: str = "") -> str | N
     point eight"); the result of an expression it starts with ("5 + 3 = 8"); else the one number
     its sentence holds, or the number of a sentence that restates the answer. `working`: the
     text before the statement, whose computed results pick one of several numbers."""
+    capital = _delatex(span).lstrip(_STRIP + ":")[:1].isupper()  # before "Therefore," goes
     span = _unhedged(_delatex(span))
     span = span[_STEP_LABEL.match(span).end() :]
+    capital = capital or span[:1].isupper()
     if not _NUMBER_AT.match(span) and _number_word_at(span) is None:  # a value in sentences
         span = _unhedged(_concluding(span.split("\n", 1)[0]))
     sentence = _first_sentence(span)
@@ -416,7 +422,7 @@ def _number_at(span: str, choices: Choices = None, working: str = "") -> str | N
         return word
     if len(values) == 1:
         return values.pop()
-    return _restated_number(sentence, working) if values else None
+    return _restated_number(sentence, working, capital) if values else None
 
 
 def _latest_computed(values: set[str], working: str) -> str | None:
@@ -440,13 +446,13 @@ _COPULA = re.compile(r"\s(?:is|are|was|were|equals|(?:will|would)\s+be)\b")
 _LEADING_CLAUSE = re.compile(r"[A-Z][^,\n]{0,60}?[0-9][^,\n]{0,40},\s+(?=[a-zA-Z])")
 
 
-def _restated_number(sentence: str, working: str = "") -> str | None:
+def _restated_number(sentence: str, working: str = "", capital: bool = False) -> str | None:
     """The number of an answer restated as a sentence of its own ("Answer:\nKaren earns $120 in
     two days if she works 3 hours per day."): the result of its last "=", else the one of its
     numbers that the working computed last, else the number right after its verb "is" ("the
     profit from 20 candles is $30"), else its first number after an opening clause ("After 10
     years, Tom has 91 trees" gives 91)."""
-    if not sentence[:1].isupper():
+    if not (capital or sentence[:1].isupper()):
         return None
     if "=" in sentence:
         m = _NUMBER_AT.match(sentence.rpartition("=")[2])
