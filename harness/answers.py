@@ -8,8 +8,9 @@
 
 Each extractor reads a completion twice (`Extractor`): `strict` from the last explicit answer
 statement only ("The answer is X", "Answer: X", "#### X", \\boxed{X}), `flexible` from earlier ones
-too, and with no statement at all from the last candidate of the type anywhere. A failed parse is
-None, never a guess. Extractors never raise and run in linear time on any input. Bump an
+too; with no statement at all, both read the closing sentence ("So there are 5 rats in each
+cage."), and failing that `flexible` takes the last candidate of the type anywhere. A failed parse
+is None, never a guess. Extractors never raise and run in linear time on any input. Bump an
 extractor's `version` whenever its output can change: traces and eval cells scored by an earlier
 version are re-scored from their completions where they are read (never regenerated).
 """
@@ -974,8 +975,9 @@ def _never(span: str, choices: Choices = None) -> None:
 class Extractor:
     """A named, versioned pair of readings of a completion; `answer_types` it can score.
 
-    strict: the last explicit answer statement decides (no fallback to an earlier one); no
-    statement, a statement naming several answers, or one whose value does not parse is no answer.
+    strict: the last explicit answer statement decides (no fallback to an earlier one); with no
+    statement, the closing sentence (`closing`) when it gives a value; a statement naming several
+    answers, or one whose value does not parse, is no answer.
     flexible: the strict answer when there is one; several answers stay no answer; otherwise the
     newest earlier statement that parses, else the last candidate of the type anywhere."""
 
