@@ -8,9 +8,8 @@
 
 Each extractor reads a completion twice (`Extractor`): `strict` from the last explicit answer
 statement only ("The answer is X", "Answer: X", "#### X", \\boxed{X}), `flexible` from earlier ones
-too; with no statement at all, both read the closing sentence ("So there are 5 rats in each
-cage."), and failing that `flexible` takes the last candidate of the type anywhere. A failed parse
-is None, never a guess. Extractors never raise and run in linear time on any input. Bump an
+too, and with no statement at all the closing sentence ("So there are 5 rats in each cage."),
+else the last candidate of the type anywhere. A failed parse is None, never a guess. Extractors never raise and run in linear time on any input. Bump an
 extractor's `version` whenever its output can change: traces and eval cells scored by an earlier
 version are re-scored from their completions where they are read (never regenerated).
 """
@@ -975,11 +974,11 @@ def _never(span: str, choices: Choices = None) -> None:
 class Extractor:
     """A named, versioned pair of readings of a completion; `answer_types` it can score.
 
-    strict: the last explicit answer statement decides (no fallback to an earlier one); with no
-    statement, the closing sentence (`closing`) when it gives a value; a statement naming several
-    answers, or one whose value does not parse, is no answer.
+    strict: the last explicit answer statement decides (no fallback to an earlier one); no
+    statement, a statement naming several answers, or one whose value does not parse is no answer.
     flexible: the strict answer when there is one; several answers stay no answer; otherwise the
-    newest earlier statement that parses, else the last candidate of the type anywhere."""
+    newest earlier statement that parses; with no statement at all, the closing sentence
+    (`closing`) when it gives a value, else the last candidate of the type anywhere."""
 
     name: str
     version: int
@@ -1005,7 +1004,8 @@ class Extractor:
         self, text: str, choices: Choices = None, closing: bool = True
     ) -> tuple[Reading, Reading]:
         """(strict, flexible) readings of a completion, with rule, span and no-answer reason.
-        `closing`: with no answer statement, read the closing sentence (`Extractor.closing`)."""
+        `closing`: with no answer statement, the flexible reading tries the closing sentence
+        (`Extractor.closing`) before the last candidate anywhere."""
         if not isinstance(text, str) or not text.strip():
             empty = Reading(None, reason="empty completion")
             return empty, empty
@@ -1016,9 +1016,6 @@ class Extractor:
             boxed = [st for st in statements if st.rule == "boxed"]
             statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
         strict: Reading
-        found = None if statements or not closing else self.closing(text, choices)
-        if found is not None:  # "So there are 5 rats in each cage." closing the text
-            return (Reading(found[0], "closing_sentence", _clip(found[1])),) * 2
         if not statements:
             strict = Reading(None, reason="no answer statement")
         else:
@@ -1040,6 +1037,9 @@ class Extractor:
                 return strict, Reading(value, f"earlier_{st.rule}", _clip(st.span))
         if statements:  # the model stated a non-answer: no guessing from the rest of the text
             return strict, Reading(None, reason=f"no answer statement names a {kind}")
+        found = self.closing(text, choices) if closing else None
+        if found is not None:  # "So there are 5 rats in each cage." closing the text
+            return strict, Reading(found[0], "closing_sentence", _clip(found[1]))
         value = self.last(text, choices)
         if value is None:
             return strict, Reading(None, reason=f"no {kind} anywhere in the text")

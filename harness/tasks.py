@@ -180,7 +180,8 @@ class Scoring(Strict):
     )
     closing_sentence: bool = Field(
         True,
-        description="with no answer statement, read the answer from the closing sentence",
+        description="with no answer statement, the flexible reading takes the answer from the "
+        "closing sentence before the last candidate anywhere (the strict reading gives none)",
     )
 
 

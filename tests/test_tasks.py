@@ -345,9 +345,10 @@ def test_real_completions_agree_with_the_original_verdicts(shared_data):
     if not (shared_data / "real-completions").is_dir():
         pytest.skip("no real-completions in the data dir")
     result = real_completions.run(shared_data)
-    # faithful-cot: its extractor needs "the answer is" (or takes a paragraph's first number), so
-    # the 1,137 completions that close with a stated answer and no such phrase disagree with it
-    floors = {"openai-grade-school-math": 0.995, "faithful-cot": 0.85, "plan-and-solve": 0.82,
+    # measured 2026-11-27: 100.00, 96.66, 68.23, 99.42, 99.73, 98.96 %. Plan-and-Solve's verdicts
+    # come from an unstored second completion, read where the reasoning states no answer (which
+    # the strict headline leaves unanswered), so its floor stays low
+    floors = {"openai-grade-school-math": 0.995, "faithful-cot": 0.96, "plan-and-solve": 0.675,
               "zeroeval": 0.99, "meta-prompting": 0.99, "mmlu-pro": 0.985}  # fmt: skip
     total = agree = 0
     for name, per_task in result.items():
@@ -514,7 +515,12 @@ def test_score_reads_after_think_and_never_scores_truncation():
         True,
     )
     r = scoring.score(spec, "The total is 18 dollars", "18")  # a closing sentence restates it
-    assert (r["strict"], r["strict_rule"], r["correct"]) == ("18", "closing_sentence", True)
+    assert (r["strict"], r["correct"]) == (None, False)  # no statement: no strict answer
+    assert (r["flexible"], r["flexible_rule"], r["flexible_correct"]) == (
+        "18",
+        "closing_sentence",
+        True,
+    )
 
 
 def test_score_extractor_override():
