@@ -289,12 +289,16 @@ def write_verdicts(result: dict[str, Any], path: Path) -> None:
 def compare(result: dict[str, Any], earlier: Path) -> None:
     """Per set, against an earlier --verdicts file: misses (the authors right, cotgap wrong)
     then and now, the earlier misses fixed, and the share of the items where cotgap and the
-    authors agreed then whose verdict is unchanged (kept)."""
+    authors agreed then whose verdict is unchanged (kept). Of the agreeing items that changed,
+    `to gold` now read the gold answer where the authors scored them wrong (their grader missed
+    it, or cotgap misreads into the gold: read them), `broken` are now wrong where the authors
+    scored them right."""
     before = {}
     for line in earlier.read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
         before[rec["set"], rec["source"]] = rec["cotgap"]
-    print(f"\n{'set':<26} {'misses then':>11} {'now':>6} {'fixed':>6} {'kept':>8}")
+    head = f"{'misses then':>11} {'now':>6} {'fixed':>6} {'kept':>8} {'to gold':>8} {'broken':>7}"
+    print(f"\n{'set':<26} {head}")
     for name, per_task in result.items():
         now = {s: v for r in per_task.values() for s, v in r["verdicts"].items()}
         then = {s: before[name, s] for s in now if (name, s) in before}
@@ -302,8 +306,11 @@ def compare(result: dict[str, Any], earlier: Path) -> None:
         miss_now = [s for s, (orig, ours) in now.items() if orig and not ours]
         fixed = sum(now[s][1] for s in miss_then)
         agreed = [s for s in then if then[s] == now[s][0]]
-        kept = sum(now[s][1] == then[s] for s in agreed) / max(1, len(agreed))
-        print(f"{name:<26} {len(miss_then):>11} {len(miss_now):>6} {fixed:>6} {100 * kept:>7.2f}%")
+        changed = [s for s in agreed if now[s][1] != then[s]]
+        kept = 1 - len(changed) / max(1, len(agreed))
+        to_gold = sum(now[s][1] for s in changed)
+        print(f"{name:<26} {len(miss_then):>11} {len(miss_now):>6} {fixed:>6} {100 * kept:>7.2f}% "
+              f"{to_gold:>8} {len(changed) - to_gold:>7}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,8 +8,8 @@
 
 Each extractor reads a completion twice (`Extractor`): `strict` from the last explicit answer
 statement only ("The answer is X", "Answer: X", "#### X", \\boxed{X}), `flexible` from earlier ones
-too, and with no statement at all from the last candidate of the type anywhere. A failed parse is
-None, never a guess. Extractors never raise and run in linear time on any input. Bump an
+too, and with no statement at all the closing sentence ("So there are 5 rats in each cage."),
+else the last candidate of the type anywhere. A failed parse is None, never a guess. Extractors never raise and run in linear time on any input. Bump an
 extractor's `version` whenever its output can change: traces and eval cells scored by an earlier
 version are re-scored from their completions where they are read (never regenerated).
 """
@@ -233,8 +233,12 @@ def _unhedged(span: str) -> str:
 
 
 def _first_sentence(span: str) -> str:
-    """Up to the first line break or sentence-ending period (not a decimal point)."""
-    return re.split(r"\n|\.(?=\s|$)|[!?;](?=\s|$)", span, maxsplit=1)[0]
+    """Up to the first line break or sentence-ending period (not a decimal point, nor the
+    period of a title such as Mrs.)."""
+    return re.split(rf"\n|{_NOT_A_TITLE}\.(?=\s|$)|[!?;](?=\s|$)", span, maxsplit=1)[0]
+
+
+_NOT_A_TITLE = r"(?<!\bMr)(?<!\bMrs)(?<!\bMs)(?<!\bDr)(?<!\bSt)(?<!\bProf)"
 
 
 # --- numbers ---------------------------------------------------------------------------------------
@@ -373,42 +377,89 @@ def _decimal_words(words: list[str], sign: str) -> str | None:
     return canonical_number(sign + m.group()) if m else None
 
 
-def _number_at(span: str, choices: Choices = None) -> str | None:
+# A step label before a value ("Step 2: They have 212 books."): not the answer's number.
+_STEP_LABEL = re.compile(r"(?:[\s*_#]*(?i:step|part)\s+[0-9]+\s*[:.)]\**\s*)?")
+# A sentence that concludes ("Therefore, there are 3 more birds."): of a value that holds several
+# sentences, the last one that concludes states the answer.
+_CONCLUDES = re.compile(
+    r"[\s*_]*(?:Therefore|Thus|Hence|So|In total|Altogether|Overall|In conclusion|Finally)\b"
+)
+_SENTENCE_BREAK = re.compile(rf"(?<=[a-z0-9%)\]'\"”]){_NOT_A_TITLE}[.!?]\s+(?=[A-Z(*])")
+
+
+def _concluding(line: str) -> str:
+    """Of a line of several sentences, the last one that concludes; else the line itself."""
+    sentences = _SENTENCE_BREAK.split(line)
+    ends = [s for s in sentences[1:] if _CONCLUDES.match(s)]
+    return ends[-1] if ends else line
+
+
+def _number_at(span: str, choices: Choices = None, working: str = "") -> str | None:
     """The number a statement states: at its start ("$1,080", "x = 5", "thirty-seven", "nine
     point eight"); the result of an expression it starts with ("5 + 3 = 8"); else the one number
-    its sentence holds, or the number of a sentence that restates the answer."""
+    its sentence holds, or the number of a sentence that restates the answer. `working`: the
+    text before the statement, whose computed results pick one of several numbers."""
+    capital = _delatex(span).lstrip(_STRIP + ":")[:1].isupper()  # before "Therefore," goes
     span = _unhedged(_delatex(span))
+    span = span[_STEP_LABEL.match(span).end() :]
+    capital = capital or span[:1].isupper()
+    if not _NUMBER_AT.match(span) and _number_word_at(span) is None:  # a value in sentences
+        span = _unhedged(_concluding(span.split("\n", 1)[0]))
     sentence = _first_sentence(span)
     m = _NUMBER_AT.match(span)
+    values = {_number_from(x) for x in _NUMBER.finditer(sentence)} - {None}
     if m:
         after = span[m.end() :]
         if "=" in sentence and _OPERATOR_AFTER.match(after):
             last = _NUMBER_AT.match(sentence.rpartition("=")[2])
             return _number_from(last) if last else None
-        return _number_from(m)
+        first = _number_from(m)
+        if len(values) > 1 and re.match(r"\s+[a-zA-Z]", after):  # "45 bags contain 1035 pounds"
+            return _latest_computed(values, working) or first
+        return first
     word = _number_word_at(span)
     if word is not None:
         return word
-    values = {_number_from(x) for x in _NUMBER.finditer(sentence)} - {None}
     if len(values) == 1:
         return values.pop()
-    return _restated_number(sentence) if values else None
+    return _restated_number(sentence, working, capital) if values else None
+
+
+def _latest_computed(values: set[str], working: str) -> str | None:
+    """Of several numbers a sentence names, the one the working computed last (the newest
+    result of an "="), if any of them is one."""
+    text = _delatex(working[-4 * _SPAN_CHARS :])
+    for eq in reversed(list(re.finditer("=", text))):
+        m = _NUMBER_AT.match(text, eq.end())
+        if not m or _OPERATOR_AFTER.match(text, m.end()):
+            continue  # "= 3 x $1.54": an expression, not its result
+        left = re.split(r"[=\n]", text[: eq.start()])[-1]
+        if _ARITHMETIC.search(left) and _number_from(m) in values:
+            return _number_from(m)
+    return None
+
+
+_ARITHMETIC = re.compile(r"[0-9)]\s*[-+*/×÷x^]\s*[($]?[0-9]")  # "45 x 23", "(8 + 2) / 5"
 
 
 _COPULA = re.compile(r"\s(?:is|are|was|were|equals|(?:will|would)\s+be)\b")
 _LEADING_CLAUSE = re.compile(r"[A-Z][^,\n]{0,60}?[0-9][^,\n]{0,40},\s+(?=[a-zA-Z])")
 
 
-def _restated_number(sentence: str) -> str | None:
+def _restated_number(sentence: str, working: str = "", capital: bool = False) -> str | None:
     """The number of an answer restated as a sentence of its own ("Answer:\nKaren earns $120 in
-    two days if she works 3 hours per day."): the result of its last "=", else the number right
-    after its verb "is" ("the profit from 20 candles is $30"), else its first number after an
-    opening clause ("After 10 years, Tom has 91 trees" gives 91)."""
-    if not sentence[:1].isupper():
+    two days if she works 3 hours per day."): the result of its last "=", else the one of its
+    numbers that the working computed last, else the number right after its verb "is" ("the
+    profit from 20 candles is $30"), else its first number after an opening clause ("After 10
+    years, Tom has 91 trees" gives 91)."""
+    if not (capital or sentence[:1].isupper()):
         return None
     if "=" in sentence:
         m = _NUMBER_AT.match(sentence.rpartition("=")[2])
         return _number_from(m) if m else None
+    computed = _latest_computed({_number_from(x) for x in _NUMBER.finditer(sentence)}, working)
+    if computed is not None:
+        return computed
     for verb in _COPULA.finditer(sentence):  # "... from selling 20 candles is $30.00"
         m = _NUMBER_AT.match(sentence, verb.end())
         if m:
@@ -416,6 +467,33 @@ def _restated_number(sentence: str) -> str | None:
     m = _LEADING_CLAUSE.match(sentence)
     first = _NUMBER.search(sentence, m.end() if m else 0)
     return _number_from(first) if first else None
+
+
+# A closing sentence that hedges, negates or asks does not state an answer.
+_NOT_STATED = re.compile(r"(?i)\b(?:not|no|never|cannot|can't|isn't|if|unless|whether)\b|n't\b|\?")
+
+
+def _closing_sentence(text: str) -> tuple[str, str] | None:
+    """The last sentence of a text, when it is prose that could restate the answer ("So there
+    are 5 rats in each cage."): capitalised, three words or more, not a question, a condition
+    or a negation; with the text before it. None otherwise."""
+    tail = text.rstrip()[-2 * _SPAN_CHARS :]
+    lines = [ln for ln in tail.split("\n") if ln.strip(_DECOR)]
+    if not lines:
+        return None
+    sentence = _SENTENCE_BREAK.split(lines[-1].strip(_DECOR))[-1]
+    prose = sentence[:1].isupper() and len(re.findall(r"[A-Za-z]{2,}", sentence)) >= 3
+    if not prose or _NOT_STATED.search(sentence):
+        return None
+    return sentence, text[: text.rfind(sentence)]
+
+
+def _number_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+    found = _closing_sentence(text)
+    if found is None:
+        return None
+    value = _number_at(found[0], choices, found[1])
+    return (value, found[0]) if value is not None else None
 
 
 def _newest(
@@ -564,6 +642,18 @@ def _several_choices(span: str, choices: Choices = None) -> str | None:
     return None
 
 
+def _choice_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+    """The one option letter a closing sentence names ("Therefore, the most appropriate
+    objective is (D).", "... is given by option (I).")."""
+    found = _closing_sentence(text)
+    if found is None:
+        return None
+    marked = r"\((?P<p>[A-R])\)|(?i:option|choice)\s+\(?(?P<o>[A-R])\b"
+    letters = {m.group("p") or m.group("o") for m in re.finditer(marked, found[0])}
+    letter = _valid_letter(letters.pop(), choices) if len(letters) == 1 else None
+    return (letter, found[0]) if letter else None
+
+
 def _choice_at(span: str, choices: Choices = None) -> str | None:
     span = _unhedged(span)
     m = _CHOICE_AT.match(span)
@@ -628,7 +718,17 @@ def _word_extractor(kind: str) -> Extractor:
             return f"{m.group(1).lower()}, {m.group(2).lower()}"
         return None
 
-    return Extractor(kind, 3, (kind,), parse_at, last, several=several)
+    opening = re.compile(r"[\s*_`'\"“”‘’>#]*(?i:(" + alt + r"))\b[*_]*(?=\s*[,.!;:]|\s*$)")
+
+    def closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+        """The word opening the closing paragraph ("No, Shiva's dance is not a fitness pose.")."""
+        lines = [ln for ln in text.rstrip()[-2 * _SPAN_CHARS :].split("\n") if ln.strip(_DECOR)]
+        m = opening.match(lines[-1]) if lines else None
+        if m is None or several(lines[-1]):
+            return None
+        return m.group(1).lower(), lines[-1]
+
+    return Extractor(kind, 4, (kind,), parse_at, last, several=several, closing=closing)
 
 
 # --- free strings --------------------------------------------------------------------------------------
@@ -649,6 +749,24 @@ def canonical_string(text: str) -> str | None:
 def _string_at(span: str, choices: Choices = None) -> str | None:
     sentence = re.split(r"(?<=[^\s.])\.(?:\s|$)", span.split("\n", 1)[0], maxsplit=1)[0]
     return canonical_string(sentence)
+
+
+# "The concatenated last letters are: nyoa.", 'The sorted words are "a b c".': the value after
+# the verb of a closing sentence, when it is one word, quoted, or after a colon.
+_STATED_VALUE = re.compile(
+    r"\s(?:is|are)\s*(?::\s*(?P<c>[^\n]+?)|[*_]*[\"“](?P<q>[^\"”\n]+)[\"”][*_]*|[*_]*(?P<w>\w+)[*_]*)"
+    r"[.!]?\s*$"
+)
+
+
+def _string_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+    found = _closing_sentence(text)
+    pronoun = found and re.match(r"(?:This|That|It|There)\b", found[0])
+    m = _STATED_VALUE.search(found[0]) if found and not pronoun else None
+    if m is None:
+        return None
+    value = canonical_string(m.group("c") or m.group("q") or m.group("w"))
+    return (value, found[0]) if value else None
 
 
 def _string_last(text: str, choices: Choices = None) -> str | None:
@@ -716,6 +834,17 @@ def _math_at(span: str, choices: Choices = None) -> str | None:
     # "The answer is positive, because ..." is prose, not an answer: at most three plain words.
     prose = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", _LATEX_TEXT.sub("", value or ""))
     return value if len(prose) <= 3 else None
+
+
+def _math_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
+    """The value after the last "is" of a closing sentence ("Therefore, the value of
+    \\( n \\) is **7**."), when it is mathematics (a digit or a LaTeX command)."""
+    found = _closing_sentence(text)
+    verbs = deque(re.finditer(r"\s(?:is|are|equals)\s", found[0]), maxlen=1) if found else ()
+    if not verbs:
+        return None
+    value = _math_at(_unhedged(found[0][verbs[0].end() :]))
+    return (value, found[0]) if value and re.search(r"[0-9\\]", value) else None
 
 
 def _math_last(text: str, choices: Choices = None) -> str | None:
@@ -848,7 +977,8 @@ class Extractor:
     strict: the last explicit answer statement decides (no fallback to an earlier one); no
     statement, a statement naming several answers, or one whose value does not parse is no answer.
     flexible: the strict answer when there is one; several answers stay no answer; otherwise the
-    newest earlier statement that parses, else the last candidate of the type anywhere."""
+    newest earlier statement that parses; with no statement at all, the closing sentence
+    (`closing`) when it gives a value, else the last candidate of the type anywhere."""
 
     name: str
     version: int
@@ -858,13 +988,24 @@ class Extractor:
     bare_ok: bool = False  # accept "Answer B" without "is" or ":"
     boxed_first: bool = False  # a \boxed{} answer wins over a later "answer is" phrase
     several: Callable[[str, Choices], str | None] = _never  # names two answers or more?
+    # the answer of a closing sentence, read when the text has no answer statement
+    closing: Callable[[str, Choices], tuple[str, str] | None] = _never
+    working: bool = False  # parse_at also takes the text before the statement
 
-    def _value(self, st: Statement, choices: Choices) -> str | None:
+    def _value(self, st: Statement, choices: Choices, text: str) -> str | None:
         value = canonical(self.answer_types[0], st.span) if st.rule == "boxed" else None
-        return value if value is not None else self.parse_at(st.span, choices)
+        if value is not None:
+            return value
+        if self.working:
+            return self.parse_at(st.span, choices, text[: st.pos])  # type: ignore[call-arg]
+        return self.parse_at(st.span, choices)
 
-    def read(self, text: str, choices: Choices = None) -> tuple[Reading, Reading]:
-        """(strict, flexible) readings of a completion, with rule, span and no-answer reason."""
+    def read(
+        self, text: str, choices: Choices = None, closing: bool = True
+    ) -> tuple[Reading, Reading]:
+        """(strict, flexible) readings of a completion, with rule, span and no-answer reason.
+        `closing`: with no answer statement, the flexible reading tries the closing sentence
+        (`Extractor.closing`) before the last candidate anywhere."""
         if not isinstance(text, str) or not text.strip():
             empty = Reading(None, reason="empty completion")
             return empty, empty
@@ -883,7 +1024,7 @@ class Extractor:
             if several:
                 reason = f"several answers named: {several}"
                 return (Reading(None, st.rule, _clip(st.span), reason),) * 2
-            value = self._value(st, choices)
+            value = self._value(st, choices, text)
             if value is not None:
                 strict = Reading(value, st.rule, _clip(st.span))
                 return strict, strict
@@ -891,11 +1032,14 @@ class Extractor:
                 None, st.rule, _clip(st.span), f"the last answer statement names no {kind}"
             )
         for st in reversed(statements[:-1]):
-            value = None if self.several(st.span, choices) else self._value(st, choices)
+            value = None if self.several(st.span, choices) else self._value(st, choices, text)
             if value is not None:
                 return strict, Reading(value, f"earlier_{st.rule}", _clip(st.span))
         if statements:  # the model stated a non-answer: no guessing from the rest of the text
             return strict, Reading(None, reason=f"no answer statement names a {kind}")
+        found = self.closing(text, choices) if closing else None
+        if found is not None:  # "So there are 5 rats in each cage." closing the text
+            return strict, Reading(found[0], "closing_sentence", _clip(found[1]))
         value = self.last(text, choices)
         if value is None:
             return strict, Reading(None, reason=f"no {kind} anywhere in the text")
@@ -909,13 +1053,26 @@ class Extractor:
 
 
 EXTRACTORS: dict[str, Extractor] = {
-    "number": Extractor("number", 3, ("number",), _number_at, _number_last),
-    "math": Extractor("math", 3, ("math", "number"), _math_at, _math_last, boxed_first=True),
-    "choice": Extractor(
-        "choice", 3, ("choice",), _choice_at, _choice_last, bare_ok=True, several=_several_choices
+    "number": Extractor(
+        "number", 4, ("number",), _number_at, _number_last, closing=_number_closing, working=True
     ),
+    "math": Extractor(
+        "math", 4, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
+    ),
+    "choice": Extractor(
+        "choice",
+        4,
+        ("choice",),
+        _choice_at,
+        _choice_last,
+        bare_ok=True,
+        several=_several_choices,
+        closing=_choice_closing,
+    ),  # fmt: skip
     **{kind: _word_extractor(kind) for kind in _WORDS},
-    "string": Extractor("string", 4, ("string",), _string_at, _string_last),
+    "string": Extractor(
+        "string", 5, ("string",), _string_at, _string_last, closing=_string_closing
+    ),
     "date": Extractor("date", 3, ("date",), _date_at, _date_last),
 }
 

@@ -128,7 +128,9 @@ def score(
     if finish_reason == "length":
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
     text = completion if isinstance(completion, str) else ""
-    strict, flexible = ex.read(answers.final_segment(text, spec.scoring.reasoning_ends), choices)
+    rules = spec.scoring
+    scored_text = answers.final_segment(text, rules.reasoning_ends)
+    strict, flexible = ex.read(scored_text, choices, closing=rules.closing_sentence)
     kind = ex.answer_types[0]
     strict_ok = matches(spec, kind, strict.value, gold)
     same = flexible.value == strict.value

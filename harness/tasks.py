@@ -178,6 +178,11 @@ class Scoring(Strict):
         (),
         description="ends of a reasoning part, beside the built-in ones (answers.REASONING_ENDS)",
     )
+    closing_sentence: bool = Field(
+        True,
+        description="with no answer statement, the flexible reading takes the answer from the "
+        "closing sentence before the last candidate anywhere (the strict reading gives none)",
+    )
 
 
 class TaskSpec(Strict):

@@ -65,15 +65,39 @@ def test_golden_verdicts(case):
     gold = canonical(spec.answer_type, case["gold"])
     assert gold is not None
     result = score(spec, case["completion"], gold)
-    assert result["correct"] is case["correct"], explain({"id": "-", "gold": gold, **result})
+    why = explain({"id": "-", "gold": gold, **result})
+    assert result["correct"] is case["correct"], why
+    for key in ("flexible_correct", "flexible_rule"):
+        assert result[key] == case.get(key, result[key]), (key, why)
 
 
 def test_golden_verdicts_cover_each_class_in_four_families():
     families: dict[str, set[str]] = {}
     for case in VERDICTS:
         families.setdefault(case["class"], set()).add(case["family"].split("-")[0])
-    for cls in ("delimiters", "equal_forms", "not_equal", "number_words", "percent", "next_line"):
+    classes = ("delimiters", "equal_forms", "not_equal", "number_words", "percent", "next_line",
+               "closing_sentence", "restated_answer")  # fmt: skip
+    for cls in classes:
         assert len(families[cls]) >= 4, (cls, families[cls])
+
+
+def test_golden_closing_sentences_are_flexible_only_in_four_families():
+    """A closing sentence is never a strict answer: under a strict headline each case is wrong,
+    and in four families or more the flexible reading takes it (and is right), in four or more a
+    safeguard leaves it to another rule."""
+    cases = [c for c in VERDICTS if c["class"] == "closing_sentence"]
+    read, declined = set(), set()
+    for case in cases:
+        family = case["family"].split("-")[0]
+        assert "flexible_rule" in case, case
+        if load_task(case["task"]).headline == "strict":
+            assert case["correct"] is False, case
+        if case["flexible_rule"] == "closing_sentence":
+            assert case["flexible_correct"] is True, case
+            read.add(family)
+        else:
+            declined.add(family)
+    assert len(read) >= 4 and len(declined) >= 4, (read, declined)
 
 
 def test_math_equivalence_follows_the_task_rules():

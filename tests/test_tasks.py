@@ -345,7 +345,10 @@ def test_real_completions_agree_with_the_original_verdicts(shared_data):
     if not (shared_data / "real-completions").is_dir():
         pytest.skip("no real-completions in the data dir")
     result = real_completions.run(shared_data)
-    floors = {"openai-grade-school-math": 0.995, "faithful-cot": 0.96, "plan-and-solve": 0.66,
+    # measured 2026-11-27: 100.00, 96.66, 68.23, 99.42, 99.73, 98.96 %. Plan-and-Solve's verdicts
+    # come from an unstored second completion, read where the reasoning states no answer (which
+    # the strict headline leaves unanswered), so its floor stays low
+    floors = {"openai-grade-school-math": 0.995, "faithful-cot": 0.96, "plan-and-solve": 0.675,
               "zeroeval": 0.99, "meta-prompting": 0.99, "mmlu-pro": 0.985}  # fmt: skip
     total = agree = 0
     for name, per_task in result.items():
@@ -366,7 +369,9 @@ def test_real_completions_compare_counts_fixed_and_kept(tmp_path, capsys):
     real_completions.write_verdicts(earlier, tmp_path / "v.jsonl")
     result = {"s": {"t": {"verdicts": {k: (originals[k], now[k]) for k in now}}}}
     real_completions.compare(result, tmp_path / "v.jsonl")
-    assert capsys.readouterr().out.splitlines()[-1].split() == ["s", "2", "1", "1", "50.00%"]
+    # kept: of d and e (agreeing then), e changed, to the gold (now right, the authors said wrong)
+    last = capsys.readouterr().out.splitlines()[-1].split()
+    assert last == ["s", "2", "1", "1", "50.00%", "1", "0"]
 
 
 # --- gold rationales score, shuffled ones do not ----------------------------------------------------------
@@ -502,11 +507,18 @@ def test_score_reads_after_think_and_never_scores_truncation():
     assert r["strict"] is None and r["flexible"] is None and not r["correct"]
     r = scoring.score(spec, "The answer is 18.", "18", finish_reason="length")
     assert (r["strict"], r["flexible"], r["correct"], r["truncated"]) == (None, None, False, True)
-    r = scoring.score(spec, "The total is 18 dollars", "18")
+    r = scoring.score(spec, "The costs: 6 + 12\n= 18 dollars", "18")  # no statement, no sentence
     assert (r["strict"], r["flexible"], r["correct"], r["flexible_correct"]) == (
         None,
         "18",
         False,
+        True,
+    )
+    r = scoring.score(spec, "The total is 18 dollars", "18")  # a closing sentence restates it
+    assert (r["strict"], r["correct"]) == (None, False)  # no statement: no strict answer
+    assert (r["flexible"], r["flexible_rule"], r["flexible_correct"]) == (
+        "18",
+        "closing_sentence",
         True,
     )
 
