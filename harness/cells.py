@@ -112,10 +112,11 @@ class Cell:
         r, e = spec.resources, spec.engine
         # a served model's requests need no device here; only traces cells run one engine
         # replica per engine.data_parallel_size (harness/generate.py), the others one
-        replicas = e.data_parallel_size if self.kind == "traces" else 1
-        parallel = (
-            0 if spec.served else e.tensor_parallel_size * e.pipeline_parallel_size * replicas
-        )
+        if spec.served:
+            parallel = 0
+        else:
+            replicas = e.data_parallel_size if self.kind == "traces" else 1
+            parallel = e.tensor_parallel_size * e.pipeline_parallel_size * replicas
         gpus = r.gpus if r.gpus is not None else float(self._parallel(exp, parallel))
         memory = r.memory_gb
         if memory is None and spec.size:

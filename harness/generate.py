@@ -60,10 +60,13 @@ def run(
     if not cells:
         return {}
     spec = exp.model(cells[0].model)
-    e = spec.engine
-    gpus = devices.replicas(e.data_parallel_size, e.tensor_parallel_size * e.pipeline_parallel_size)
-    if len(gpus) > 1 and not spec.served:
-        return _run_replicas(exp, store, cells, gpus, progress, inprocess, chunk_seqs)
+    if not spec.served:  # a served teacher's replicas are the server's business
+        e = spec.engine
+        gpus = devices.replicas(
+            e.data_parallel_size, e.tensor_parallel_size * e.pipeline_parallel_size
+        )
+        if len(gpus) > 1:
+            return _run_replicas(exp, store, cells, gpus, progress, inprocess, chunk_seqs)
     args = (exp, str(store.root), cells, chunk_seqs)
     return engines.run_stage(
         "generate", work, *args, cells=cells, store=store, progress=progress, inprocess=inprocess

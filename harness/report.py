@@ -681,11 +681,13 @@ def plot_all(board: pd.DataFrame, out: Path, result: dict[str, Any]) -> list[Pat
     points.to_csv(out / "plot_data.csv", index=False)  # what the plots show, for checks
     if points["gain"].notna().sum() == 0:
         return []
-    return [
-        gains(points, out / "gains.png"),
-        post_vs_teacher(points, out / "post_vs_teacher.png"),
-        capacity_gap(points, out / "capacity_gap.png"),
-    ]
+    figures = [gains(points, out / "gains.png")]
+    # a mix (no single teacher) has no teacher accuracy or size: those figures have nothing to show
+    single = points.dropna(subset=["gain", "teacher_acc"])
+    if not single.empty:
+        figures.append(post_vs_teacher(single, out / "post_vs_teacher.png"))
+        figures.append(capacity_gap(single, out / "capacity_gap.png"))
+    return figures
 
 
 def _points(result: dict[str, Any]) -> pd.DataFrame:
