@@ -514,16 +514,7 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
     cfg = TrainConfig(
         method="full", epochs=1, per_device_batch_size=16, lr=1e-3, schedule="constant"
     )
-    job = {
-        "model_dir": str(tiny_model),
-        "chat_template": True,
-        "trust_remote_code": False,
-        "examples": str(store.cell_dir("dataset", adapter.upstream[0]) / "examples.jsonl"),
-        "train": cfg.model_dump(mode="json"),
-        "seed": 0,
-        "merge": False,
-    }
-    (tmp_path / "job.json").write_text(json.dumps(job))
+    _write_job(tmp_path, tiny_model, store, adapter, cfg)
     summary = train.train(tmp_path)
     assert summary["steps"] == 7 and summary["epochs"] == 1.0  # 100 examples in batches of 16
     assert [r["lr"] for r in read_jsonl(tmp_path / "train_log.jsonl")] == [0.0] + [1e-3] * 6
@@ -532,6 +523,20 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     assert not torch.equal(tuned.lm_head.weight, base.lm_head.weight)  # every weight trains
     assert train.load_tokenizer(str(tmp_path / "merged"), chat_template=True).eos_token == END
+
+
+def _write_job(tmp_path: Path, model: Path, store: Any, adapter: Any, cfg: TrainConfig) -> None:
+    """The job.json a training worker reads, for the toy grid's first adapter's examples."""
+    job = {
+        "model_dir": str(model),
+        "chat_template": True,
+        "trust_remote_code": False,
+        "examples": str(store.cell_dir("dataset", adapter.upstream[0]) / "examples.jsonl"),
+        "train": cfg.model_dump(mode="json"),
+        "seed": 0,
+        "merge": False,
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
 
 
 @pytest.fixture
@@ -555,16 +560,7 @@ def test_weights_are_held_in_the_dtypes_plan_counts(
 
     exp, store, adapter = toy
     cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
-    job = {
-        "model_dir": str(tiny_model),
-        "chat_template": True,
-        "trust_remote_code": False,
-        "examples": str(store.cell_dir("dataset", adapter.upstream[0]) / "examples.jsonl"),
-        "train": cfg.model_dump(mode="json"),
-        "seed": 0,
-        "merge": False,
-    }
-    (tmp_path / "job.json").write_text(json.dumps(job))
+    _write_job(tmp_path, tiny_model, store, adapter, cfg)
     held = train.train(tmp_path)["dtypes"]
     size = {"float32": 4, "bfloat16": 2}
     assert held["trained"] == "float32" and size[held["trained"]] == costs.FULL_BYTES // 4
