@@ -7,7 +7,7 @@
 One local model (a test-zoo model by default, built if missing) and, at each size, the first
 `size` test items of a sandbox task (grown past its shipped split when a size asks for more:
 the same generator and seed), under the same greedy decoding:
-1. cotgap: the evaluate stage's engine side (`harness.evaluate.work`: load items, render through
+1. cotgap: the evaluate stage's engine side (`harness.stages.evaluate.work`: load items, render through
    the chat template, generate, score, stream predictions.jsonl, metrics with a bootstrap CI,
    manifest) on the eval cell `grid.expand` makes for the model, with the engine `engines.load`
    starts;
@@ -87,7 +87,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def experiment(path: str, args: argparse.Namespace, items: int, results: Path):
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
 
     spec = {"path": path, "chat_template": not args.raw_prompt}
     return Experiment.model_validate(
@@ -105,7 +105,7 @@ def experiment(path: str, args: argparse.Namespace, items: int, results: Path):
 
 def write_items(task_name: str, limit: int, path: Path) -> list[dict]:
     """The test items as lm-eval reads them: id, the user message (cotgap's prompt), gold."""
-    from harness import tasks
+    from harness.tasks import suite as tasks
 
     task = tasks.load_task(task_name)
     rows = [
@@ -161,7 +161,9 @@ def write_lm_eval_task(task_dir: Path, data: Path, eos: str, args: argparse.Name
 def cotgap_child(exp: Any) -> dict:
     """In a fresh process: start cotgap's engine, run the stage's evaluation of the one cell."""
     t0 = time.perf_counter()
-    from harness import engines, evaluate, grid
+    from harness import engines
+    from harness.stages import evaluate
+    from harness.workflow import grid
 
     (cell,) = grid.expand(exp).select(kind="eval", model="model")
     engine = engines.load(exp.evaluate.engine, exp.model("model"))
@@ -170,7 +172,7 @@ def cotgap_child(exp: Any) -> dict:
     t2, done_at = time.perf_counter(), time.time()
     prompts = {}
     if exp.model("model").chat_template:  # the rendered prompt text, to compare with lm-eval's
-        from harness import tasks
+        from harness.tasks import suite as tasks
 
         task = tasks.load_task(exp.tasks[0].name)
         for it in tasks.load_items(task, "test", limit=exp.tasks[0].test_limit):
@@ -347,7 +349,7 @@ def in_child(fn: Any, *args: Any, log: Path, label: str) -> tuple[dict, float]:
 
 def compare(items: list[dict], cg: dict, le: dict) -> dict:
     """Item-level agreement of one run of each side, with a few disagreeing items as examples."""
-    from harness.answers import canonical_number
+    from harness.tasks.answers import canonical_number
 
     records = {r["id"]: r for r in cg["records"]}
     samples = {s["id"]: s for s in le["samples"]}

@@ -39,7 +39,7 @@ TASK = "sandbox_addition"
 
 
 def experiment(model_dir: str, results: Path, items: int, n: int, max_tokens: int, engine: str):
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
 
     return Experiment.model_validate(
         {
@@ -61,7 +61,7 @@ def experiment(model_dir: str, results: Path, items: int, n: int, max_tokens: in
 
 
 def traces_cell(exp):
-    from harness import grid
+    from harness.workflow import grid
 
     return next(c for c in grid.expand(exp) if c.kind == "traces")
 
@@ -92,7 +92,7 @@ def bare_vllm(engine, requests, sampling) -> tuple[float, int]:
 
 
 def stage(engine, model_dir: str, items: int, args, root: Path) -> tuple[float, int]:
-    from harness import generate
+    from harness.stages import generate
 
     exp = experiment(model_dir, root, items, args.n, args.max_tokens, engine.name)
     cell = traces_cell(exp)
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         torch.set_num_threads(len(_core_list(args.cores)))
     _, model_dir = resolve_model(args.model)
-    from harness import tasks
     from harness.engines import Request
+    from harness.tasks import suite as tasks
 
     with grown_task(TASK, max(sizes), 0):
         task = tasks.load_task(TASK)
@@ -179,7 +179,7 @@ def measure_vllm(
 ) -> dict:
     """At each size, bare LLM.generate and the stage, alternating; then the vLLM engine on greedy
     decoding at the smallest size."""
-    from harness.config import ModelSpec
+    from harness.config.schema import ModelSpec
     from harness.engines import Sampling, load
 
     sampling = Sampling.from_config(
@@ -269,7 +269,7 @@ def _size_result(bare: list, staged: list, load: float) -> dict:
 
 
 def measure_hf(model_dir: str, requests: list, args: argparse.Namespace, result: dict) -> None:
-    from harness.config import ModelSpec
+    from harness.config.schema import ModelSpec
     from harness.engines import Sampling, load
 
     greedy = Sampling(max_tokens=args.max_tokens)

@@ -8,7 +8,7 @@ under 8 minutes on an H100. Prints tokens/s, model FLOPs utilisation (MFU) and p
    `cotgap run`, into a temporary results directory;
 2. LoRA and full fine-tuning steps of a randomly initialised model of Qwen2.5-1.5B's
    architecture, built from its config (nothing is downloaded), through cotgap's loss
-   (harness.train.completion_ce) under accelerate's bf16 mixed precision, with gradient
+   (harness.stages.train.completion_ce) under accelerate's bf16 mixed precision, with gradient
    checkpointing as `train.gradient_checkpointing: auto` decides;
 3. generation with the same model (transformers' `generate`, what the transformers engine runs);
 4. cotgap's sharded training path: a full fine-tuning of the test-zoo student through
@@ -171,13 +171,14 @@ def train_steps(device: str, method: str) -> dict[str, Any]:
     import torch
     from accelerate import Accelerator
 
-    from harness import costs, train
-    from harness.config import TrainConfig
+    from harness.config.schema import TrainConfig
+    from harness.stages import train
+    from harness.workflow import estimate
 
     batch, length, steps = SIZES[device][:3]
     model = build_model(device)
     n = model.num_parameters()
-    recompute = costs.checkpointing(TrainConfig(max_steps=1), n)
+    recompute = estimate.checkpointing(TrainConfig(max_steps=1), n)
     if recompute:
         model.gradient_checkpointing_enable({"use_reentrant": False})
         model.config.use_cache = False
@@ -271,13 +272,13 @@ fsdp_config:
 
 
 def fsdp(device: str) -> dict[str, Any]:
-    """harness.train's worker under accelerate FSDP2: 4 steps of full fine-tuning with a sharded
+    """harness.stages.train's worker under accelerate FSDP2: 4 steps of full fine-tuning with a sharded
     checkpoint at step 2, then the whole weights gathered into merged/ (every tensor of the
     base, at its shape)."""
     from safetensors.torch import load_file
 
-    from harness import train
-    from harness.config import TrainConfig
+    from harness.config.schema import TrainConfig
+    from harness.stages import train
 
     student = REPO / "harness" / "sandbox" / "models" / "test-student"
     cfg = TrainConfig(method="full", max_steps=4, checkpoint_every=2, per_device_batch_size=4)

@@ -42,7 +42,7 @@ def grown_task(task: str, n_train: int, n_test: int) -> Iterator[Path]:
     """Within the block, cotgap reads its tasks from a temporary copy of the task directory whose
     sandbox `task` has at least these split sizes (the same generator and seed, so its first items
     are the shipped task's items). Sets $COTGAP_TASKS_DIR, which child processes inherit."""
-    from harness import tasks
+    from harness.tasks import suite as tasks
 
     src = tasks.tasks_dir()
     config = yaml.safe_load((src / f"{task}.yaml").read_text())

@@ -1,4 +1,4 @@
-"""Frequency properties of the report's rule (harness/inference.py), by simulation with known truth.
+"""Frequency properties of the report's rule (harness/stats/teacher_level.py), by simulation with known truth.
 
     .venv/bin/python -m benchmarks.inference              # about 5 minutes on 2 cores
     .venv/bin/python -m benchmarks.inference --runs 200   # quicker, noisier
@@ -22,7 +22,7 @@ import argparse
 import numpy as np
 from scipy import stats
 
-from harness import inference as inf
+from harness.stats import teacher_level as inf
 
 
 def fwer(runs: int) -> list[str]:

@@ -28,7 +28,7 @@ TASK = "sandbox_addition"
 
 
 def _engine(url: str, path: str, name: str, concurrency: int) -> Any:
-    from harness.config import ModelSpec
+    from harness.config.schema import ModelSpec
     from harness.engines.openai_engine import OpenAIEngine
 
     settings = {"kind": "openai", "base_url": url, "model": name, "endpoint": "completions",
@@ -37,8 +37,8 @@ def _engine(url: str, path: str, name: str, concurrency: int) -> Any:
 
 
 def _requests(k: int) -> list[Any]:
-    from harness import tasks
     from harness.engines import Request
+    from harness.tasks import suite as tasks
 
     task = tasks.load_task(TASK)
     items = tasks.load_items(task, "train", limit=k)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import answers, scoring, tasks
+from harness.tasks import answers, scoring
+from harness.tasks import suite as tasks
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,7 +36,7 @@ def _zoo() -> None:
 
 def _extract(text: str) -> Callable[[], None]:
     def run() -> None:
-        from harness.answers import EXTRACTORS
+        from harness.tasks.answers import EXTRACTORS
 
         for ex in EXTRACTORS.values():
             ex.read(text, ["yes", "no"] if ex.name == "choice" else None)
@@ -47,7 +47,7 @@ def _extract(text: str) -> Callable[[], None]:
 def _bootstrap() -> None:
     import numpy as np
 
-    from harness.stats import paired_bootstrap
+    from harness.stats.adapters import paired_bootstrap
 
     rng = np.random.default_rng(9)
     paired_bootstrap(rng.random(5000) < 0.4, rng.random(5000) < 0.5, n_resamples=2000)

@@ -1,4 +1,4 @@
-"""Error rates and power of the study analyses (harness/studies.py), by simulation with known truth.
+"""Error rates and power of the study analyses (harness/analysis/studies.py), by simulation with known truth.
 
     .venv/bin/python -m benchmarks.studies              # about 10 minutes on 2 cores
     .venv/bin/python -m benchmarks.studies --runs 200   # quicker, noisier
@@ -19,8 +19,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from harness import inference
-from harness import studies as st
+from harness.analysis import studies as st
+from harness.stats import teacher_level
 
 ALPHA = 0.05
 SIZES = (1e8, 1e9, 1e10)
@@ -74,7 +74,7 @@ def stronger_claims(rng: np.random.Generator, planted: bool) -> bool:
     more often the larger the gap); null, post is unrelated to accuracy."""
     frame = teacher_grid(rng, (lambda a, s, n: 0.25 * a) if planted else _none)
     fit = st.win_rate_fit(st.teacher_pairs(frame), ALPHA, (0, 20, 40, 100))
-    return fit["trend"] not in (st.TOO_FEW, inference.INCONCLUSIVE)
+    return fit["trend"] not in (st.TOO_FEW, teacher_level.INCONCLUSIVE)
 
 
 def quantity_claims(rng: np.random.Generator, planted: bool) -> bool:
@@ -119,8 +119,8 @@ def flip_claims(rng: np.random.Generator, planted: bool, runs: int = 1) -> list[
     """The change of A − B between regimes: planted, A leads B by 20 points in one regime and
     trails it by 20 in the other; null, the same 20-point lead in both. 200 items, 3 replicates
     at a 2-point SD."""
-    _, ref = inference.simulate(rng, runs, 200, 0.3, [0.6, 0.4], 3, 0.02)
-    _, other = inference.simulate(rng, runs, 200, 0.3, [0.4, 0.6] if planted else [0.6, 0.4], 3,
+    _, ref = teacher_level.simulate(rng, runs, 200, 0.3, [0.6, 0.4], 3, 0.02)
+    _, other = teacher_level.simulate(rng, runs, 200, 0.3, [0.4, 0.6] if planted else [0.6, 0.4], 3,
                                   0.02)  # fmt: skip
     out = []
     for s in range(runs):
@@ -136,7 +136,7 @@ def flip_claims(rng: np.random.Generator, planted: bool, runs: int = 1) -> list[
 def family_claims(rng: np.random.Generator, planted: bool, runs: int = 1) -> list[bool]:
     """A family average over three tasks of 100 items: planted, the teacher gains 10 points on
     each; null, none. 3 replicates at a 3-point SD."""
-    sims = [inference.simulate(rng, runs, 100, 0.4, [0.5 if planted else 0.4], 3, 0.03)
+    sims = [teacher_level.simulate(rng, runs, 100, 0.4, [0.5 if planted else 0.4], 3, 0.03)
             for _ in range(3)]  # fmt: skip
     out = []
     for s in range(runs):
@@ -151,7 +151,7 @@ def mix_claims(rng: np.random.Generator, planted: bool, runs: int = 1) -> list[b
     """The mix against its two parts (200 items, 3 replicates at a 2-point SD): planted, the
     mix is 15 points above both; null, all three equal. Any better/worse is a claim."""
     accs = [0.6 if planted else 0.45, 0.45, 0.45]
-    _, (mix, a, b) = inference.simulate(rng, runs, 200, 0.3, accs, 3, 0.02)
+    _, (mix, a, b) = teacher_level.simulate(rng, runs, 200, 0.3, accs, 3, 0.02)
     out = []
     for s in range(runs):
         arms = {("t", "stu", "per_teacher"): (None, {"A": _draws(a, s), "B": _draws(b, s)}),
@@ -170,7 +170,7 @@ def selection_claims(rng: np.random.Generator, planted: bool) -> bool:
         frame["gain"] += frame["task"].map(selected) * 0.08
     sel = [{"task": t, "passed": p} for t, p in selected.items()]
     found = st.selection_effect(frame, sel, ALPHA)["contrasts"]
-    return found[0]["reading"] not in (st.TOO_FEW, inference.INCONCLUSIVE)
+    return found[0]["reading"] not in (st.TOO_FEW, teacher_level.INCONCLUSIVE)
 
 
 PER_RUN = {

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from harness import train
-from harness.config import TrainConfig
+from harness.config.schema import TrainConfig
+from harness.stages import train
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -1,6 +1,6 @@
 """Peak memory of one training step at Qwen2.5's vocabulary (151,936) and 4,096 completion tokens,
 with a small hidden size so that the logits dominate: the plain loss (the whole batch's logits in
-fp32) against cotgap's chunked linear cross-entropy (harness.train.completion_ce).
+fp32) against cotgap's chunked linear cross-entropy (harness.stages.train.completion_ce).
 
     .venv/bin/python -m benchmarks.train_memory                 # both, one fresh process each
     .venv/bin/python -m benchmarks.train_memory --tokens 2048 --hidden 128
@@ -38,7 +38,7 @@ def step(variant: str, tokens: int, hidden: int, rows: int) -> dict:
     from accelerate import Accelerator
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness import train
+    from harness.stages import train
 
     torch.manual_seed(0)
     cfg = LlamaConfig(

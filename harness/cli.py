@@ -84,7 +84,7 @@ IncludePath = Annotated[
 
 def _include(paths: list[Path] | None) -> None:
     """Add --include-path folders to the task search path (COTGAP_TASK_PATH, so workers too)."""
-    from harness.config import include_task_paths
+    from harness.config.schema import include_task_paths
 
     for p in paths or []:
         if not p.is_dir():
@@ -126,19 +126,19 @@ def _log(message: str) -> None:
 
 def _load(config: Path, runnable: bool = False, include_path: list[Path] | None = None):
     """The experiment of `config`, its tasks also searched in the --include-path folders;
-    `runnable`: also refuse one that cannot run as it says (harness/feasible.py), before any cell
+    `runnable`: also refuse one that cannot run as it says (harness/workflow/checks.py), before any cell
     is planned."""
-    from harness.config import load_experiment
+    from harness.config.schema import load_experiment
 
     _include(include_path)
     exp = load_experiment(config)
-    from harness import offline
+    from harness.workflow import offline
 
     offline.settle(exp)  # before any library that could reach the network is imported
     if runnable:
-        from harness import feasible
+        from harness.workflow import checks
 
-        feasible.check(exp, str(config))
+        checks.check(exp, str(config))
     _STATE["results"] = exp.root  # named by the line an interrupted command prints
     return exp
 
@@ -154,7 +154,7 @@ def validate(
     for path in configs:
         try:
             exp = _load(path)
-            from harness import grid
+            from harness.workflow import grid
 
             problems = grid.check(exp)
             if problems:
@@ -183,7 +183,7 @@ def ls_tasks(include_path: IncludePath = None) -> None:
     from rich.table import Table
 
     _include(include_path)
-    from harness import tasks
+    from harness.tasks import suite as tasks
 
     table = Table("task", "version", "answer type", "extractor", "splits")
     for row in tasks.list_tasks_table():
@@ -215,8 +215,8 @@ def task_new(
 ) -> None:
     """Write a task file for JSONL items (fields question and answer; choices for choice tasks),
     ready for `--include-path` / `task_paths:`; edit its description, fields and prompt."""
-    from harness import tasks
     from harness.store import atomic_write_text, output_path
+    from harness.tasks import suite as tasks
 
     if not data.is_dir():
         raise UserError(f"--data {data}: no such folder; give the folder holding the JSONL files.")
@@ -245,8 +245,8 @@ def ls_items(
     """Write a task's items as JSONL: id, source_index, question, gold; on stderr, the count and
     the source rows the task excludes, with why."""
     _include(include_path)
-    from harness import tasks
     from harness.store import output_path
+    from harness.tasks import suite as tasks
 
     out = output_path(out, "--out", [], force) if out is not None else None
 
@@ -262,8 +262,8 @@ def ls_cells(config: ConfigArg, include_path: IncludePath = None) -> None:
     """The cells of an experiment on disk: kind, key, state, label, wall time."""
     from rich.table import Table
 
-    from harness import grid
     from harness.store import Store
+    from harness.workflow import grid
 
     exp = _load(config, include_path=include_path)
     store = Store(exp.root)
@@ -285,7 +285,7 @@ def plan_cmd(
     include_path: IncludePath = None,
 ) -> None:
     """Show the cells of an experiment, which exist, which would run, and the work estimate."""
-    from harness import plan
+    from harness.execution import plan
     from harness.store import Store
 
     exp = _load(config, runnable=True, include_path=include_path)
@@ -304,8 +304,8 @@ def run(
     include_path: IncludePath = None,
 ) -> None:
     """Run every missing cell of an experiment, then analyse it."""
-    from harness import plan
-    from harness.schedule import RunOptions, parse_only
+    from harness.execution import plan
+    from harness.execution.schedule import RunOptions, parse_only
     from harness.store import Store
 
     exp = _load(config, runnable=True, include_path=include_path)
@@ -316,7 +316,7 @@ def run(
     with store.lock(timeout=wait):
         counts = plan.run(exp, store, options=options, log=_log)
         if only is None:
-            from harness import analyze
+            from harness.analysis import analyze
 
             _log("analysis: leaderboard, capacity-gap statistics, report and plots")
             out = analyze.run(exp, store)
@@ -338,7 +338,8 @@ def _say_problems(exp, store, cells=None) -> None:
     (default: the grid's) that gives nothing usable, with the number and the fix."""
     from rich.markup import escape
 
-    from harness import grid, health, index
+    from harness.analysis import health
+    from harness.workflow import grid, index
 
     cells = grid.expand(exp).cells if cells is None else cells
     index.write(
@@ -349,7 +350,7 @@ def _say_problems(exp, store, cells=None) -> None:
 
 
 def _say_engine(exp) -> None:
-    from harness.config import vllm_installed
+    from harness.config.schema import vllm_installed
 
     if "hf" in (exp.generate.engine, exp.evaluate.engine) and not vllm_installed():
         _log("vLLM is not installed here: traces and evaluations run on the transformers engine.")
@@ -395,9 +396,10 @@ def _stage(
     merge: bool = False,
     **filters: str | None,
 ) -> None:
-    from harness import grid, plan
-    from harness.schedule import RunOptions
+    from harness.execution import plan
+    from harness.execution.schedule import RunOptions
     from harness.store import Store
+    from harness.workflow import grid
 
     exp = _load(config, runnable=True, include_path=include_path)
     if merge:  # merged adapters are other cells (merge is part of an adapter's key)
@@ -456,7 +458,7 @@ def evaluate(
 ) -> None:
     """Evaluate teachers, student baselines and distilled students under the one eval config."""
     if adapter is not None:
-        from harness import plan
+        from harness.execution import plan
         from harness.store import Store
 
         if model is None:
@@ -520,8 +522,9 @@ def eval_cmd(
     in the same results folder reuses them."""
     from rich.table import Table
 
-    from harness import grid, quick
+    from harness import quick
     from harness.store import Store
+    from harness.workflow import grid
 
     _include(include_path)
     names = [t.strip() for t in tasks.split(",") if t.strip()]
@@ -646,8 +649,8 @@ def score(
     --partial. With --results, every eval cell of a results directory (cells untouched; --out
     is the folder)."""
     _include(include_path)
-    from harness import scoring
     from harness.store import output_path
+    from harness.tasks import scoring
 
     if results is not None:
         out = output_path(out, "--out", [results], directory=True) if out else None
@@ -716,9 +719,11 @@ def screen(
 ) -> None:
     """Screen teachers before training: one forward pass of each student over each training set
     (NLL, token ranks, rank-surprisal ratio), then analysis/screen.csv. No adapter is trained."""
-    from harness import analyze as analysis
-    from harness import grid, plan, screening
+    from harness.analysis import analyze as analysis
+    from harness.analysis import screening
+    from harness.execution import plan
     from harness.store import Store
+    from harness.workflow import grid
 
     exp = screening.screened(_load(config, runnable=True, include_path=include_path))
     _check_names(exp, student=student, task=task)
@@ -739,7 +744,7 @@ def screen(
 @app.command()
 def analyze(config: ConfigArg, wait: Wait = 0, include_path: IncludePath = None) -> None:
     """Rebuild leaderboard.csv, analysis.json, report.md and plots from the cells."""
-    from harness import analyze as analysis
+    from harness.analysis import analyze as analysis
     from harness.store import Store
 
     exp = _load(config, include_path=include_path)
@@ -755,7 +760,7 @@ def analyze(config: ConfigArg, wait: Wait = 0, include_path: IncludePath = None)
 def _track(exp, store) -> None:
     """Log the cells to the trackers `tracking:` turns on (MLflow, W&B offline); off by default."""
     if exp.tracking.mlflow is not None or exp.tracking.wandb is not None:
-        from harness import tracking
+        from harness.present import tracking
 
         tracking.log(exp, store, say=_log)
 
@@ -766,7 +771,7 @@ def _write_viewer(root: Path, data_dir: str | None) -> str:
     the questions of file-sourced tasks are read."""
     from rich.markup import escape
 
-    from harness import view
+    from harness.present import view
 
     try:
         path = view.write(root, data_dir=Path(data_dir) if data_dir else None)
@@ -794,7 +799,7 @@ def view(
     include_path: IncludePath = None,
 ) -> None:
     """Write one self-contained HTML file (leaderboard, figures, per-item flips) and print its path."""
-    from harness import view as viewer
+    from harness.present import view as viewer
     from harness.store import output_path
 
     _include(include_path)
@@ -816,7 +821,7 @@ def export(
     include_path: IncludePath = None,
 ) -> None:
     """Traces, training sets, predictions and the leaderboard as Hugging Face Parquet + a card."""
-    from harness import export as exporter
+    from harness.present import export as exporter
     from harness.store import output_path
 
     exp = _load(config, include_path=include_path)
@@ -880,7 +885,7 @@ def models_import(
 ) -> None:
     """De-quantise a GGUF file into a cached Hugging Face directory and print it (then use
     `path: gguf:<the same>` in a config)."""
-    from harness import gguf
+    from harness.models import gguf
 
     print(gguf.convert(source.removeprefix(gguf.PREFIX), f"cotgap models import {source}"))
 
@@ -891,7 +896,7 @@ def _usage_error() -> type[Exception]:
 
 
 def main() -> None:
-    from harness.offline import NO_TELEMETRY
+    from harness.workflow.offline import NO_TELEMETRY
 
     for name, value in NO_TELEMETRY.items():  # usage statistics and telemetry: never needed
         os.environ.setdefault(name, value)

@@ -5,10 +5,10 @@
         --task sandbox_addition --limit 50 --seeds 0,1,2
 
 Each command builds an in-memory `Experiment` and runs the cells it needs with the grid's own
-machinery (harness/plan.py), in the grid's store: a cell's key depends on the model, the task
+machinery (harness/execution/plan.py), in the grid's store: a cell's key depends on the model, the task
 (and its limits) and the stage settings, never on the experiment's name, so a grid with
 `results_dir`/`name` naming the same folder and the same settings finds these cells computed,
-and the other way round. The answers use the statistics of harness/inference.py.
+and the other way round. The answers use the statistics of harness/stats/teacher_level.py.
 """
 
 from __future__ import annotations
@@ -21,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from harness import feasible, grid, inference, offline, plan, scoring
-from harness.config import Experiment, _relative_to, parse, task_names
+from harness.config.schema import Experiment, _relative_to, parse, task_names
 from harness.errors import UserError
-from harness.schedule import RunOptions
+from harness.execution import plan
+from harness.execution.schedule import RunOptions
+from harness.stats import teacher_level
 from harness.store import Store, read_json, read_jsonl
+from harness.tasks import scoring
+from harness.workflow import checks, grid, offline
 
 DEFAULT_RESULTS = Path("results") / "quick"
 
@@ -117,7 +120,7 @@ def experiment(
     exp = _relative_to(parse(Experiment, data, "the command line"), Path.cwd())
     _known_tasks(exp)
     offline.settle(exp)
-    feasible.check(exp, "the command line")
+    checks.check(exp, "the command line")
     problems = grid.check(exp)
     if problems:
         raise UserError("\n".join(problems))
@@ -162,7 +165,7 @@ def evaluate(
     rows = []
     for c in cells:
         correct = np.array(list(_correct(exp, c.key).values()), dtype=float)
-        est = inference.accuracy(inference.baseline_arm(correct))
+        est = teacher_level.accuracy(teacher_level.baseline_arm(correct))
         rows.append(
             {"task": c.task, "model": student, "n": int(correct.size), "accuracy": est.estimate,
              "low": est.low, "high": est.high, "key": c.key,
@@ -175,7 +178,7 @@ def distill(
     exp: Experiment, log: Callable[[str], None] = print
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """Generate -> train -> evaluate for the experiment's one (teacher, student, task) and the
-    gain over the student's baseline, decided as a grid's group is (harness/inference.py)."""
+    gain over the student's baseline, decided as a grid's group is (harness/stats/teacher_level.py)."""
     g = grid.expand(exp)
     task, student, teacher = exp.tasks[0].name, exp.students[0].name, exp.teachers[0].name
     rows = {k: d for k, d in g.distilled.items() if k[:3] == (task, student, teacher)}
@@ -192,7 +195,7 @@ def distill(
                 f"the older one under {exp.root / 'cells' / 'eval'} and re-run."
             )
         draws.setdefault(trace_seed, []).append(np.array([post[i] for i in ids], dtype=float))
-    decision = inference.decide_group(
+    decision = teacher_level.decide_group(
         np.array([base[i] for i in ids], dtype=float),
         {teacher: [np.stack(v) for v in draws.values()]},
         alpha=1 - exp.analysis.ci,

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness import report, view
-from harness.config import load_experiment
+from harness.analysis import report
+from harness.config.schema import load_experiment
+from harness.present import view
 from harness.sandbox import zoo
 
 

@@ -24,12 +24,12 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from harness import analyze
-from harness import grid as grids
-from harness.cells import Cell
-from harness.config import AnalysisConfig, Experiment
+from harness.analysis import analyze
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.errors import UserError
 from harness.store import Store
+from harness.workflow import grid as grids
+from harness.workflow.cells import Cell
 
 N = 20
 IDS = [f"q{i:02d}" for i in range(N)]
@@ -611,7 +611,7 @@ def test_the_report_answers_first_and_says_each_section_once(built) -> None:
 
 
 def test_a_teacher_without_a_correct_trace_is_a_warning_in_the_report(tmp_path: Path) -> None:
-    """The same lines `cotgap run` prints (harness/health.py), read from the cells' manifests at
+    """The same lines `cotgap run` prints (harness/analysis/health.py), read from the cells' manifests at
     analyze time: between the answers and the appendices, with the number and what to change."""
     exp = _experiment(tmp_path)
     store = Store(exp.root)

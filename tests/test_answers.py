@@ -10,11 +10,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import answers
-from harness.answers import EXTRACTORS, canonical, equivalent, final_segment
 from harness.errors import UserError
-from harness.scoring import explain, score
-from harness.tasks import Scoring, load_task
+from harness.tasks import answers
+from harness.tasks.answers import EXTRACTORS, canonical, equivalent, final_segment
+from harness.tasks.scoring import explain, score
+from harness.tasks.suite import Scoring, load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "answers"
 EXTRACTION = yaml.safe_load((FIXTURES / "extraction.yaml").read_text(encoding="utf-8"))

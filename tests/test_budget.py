@@ -11,9 +11,9 @@ import random
 import pytest
 from helpers import sandbox_grid
 
-from harness import regimes
-from harness.config import Experiment, TrainConfig
-from harness.grid import expand
+from harness.config.schema import Experiment, TrainConfig
+from harness.workflow import regimes
+from harness.workflow.grid import expand
 
 MIX = [{"teacher": "t-large", "weight": 1}, {"teacher": "t-small", "weight": 4}]
 
@@ -154,7 +154,7 @@ def _cfg(batch: int, ga: int, **kw) -> TrainConfig:
 @pytest.mark.parametrize("trial", range(12))
 @pytest.mark.parametrize("align", ["updates", "examples", "tokens"])
 def test_aligned_counts_match_the_reference_within_one_batch(trial, align):
-    from harness.train import _aligned_steps, seen, updates
+    from harness.stages.train import _aligned_steps, seen, updates
 
     rng = random.Random(trial)
     ref_lengths = [rng.randint(20, 200) for _ in range(rng.randint(5, 80))]
@@ -184,7 +184,7 @@ def test_aligned_counts_match_the_reference_within_one_batch(trial, align):
 def test_unaligned_mix_takes_the_published_factor_fewer_updates():
     """Li et al.'s configs: batch 20 for the mix against 2 per teacher; on one set, one epoch,
     the mix takes 10x fewer optimizer updates; aligned to updates it takes the reference's."""
-    from harness.train import updates
+    from harness.stages.train import updates
 
     single, mix = _cfg(2, 1, epochs=1), _cfg(5, 4, epochs=1)
     assert updates(single, 400) == 200 and updates(mix, 400) == 20
@@ -192,7 +192,7 @@ def test_unaligned_mix_takes_the_published_factor_fewer_updates():
 
 def test_seen_counts_what_the_worker_reads():
     """`seen` replays the worker's data order: the examples of the first N updates."""
-    from harness.train import micro_batches, seen
+    from harness.stages.train import micro_batches, seen
 
     lengths = list(range(10, 47))
     cfg = _cfg(3, 2, max_steps=4)
@@ -204,8 +204,8 @@ def test_seen_counts_what_the_worker_reads():
 def test_the_train_stage_counts_each_adapters_budget_from_its_datasets(tmp_path):
     """plan_budget on the grid's adapters, from dataset cells on disk (no training): the mix as
     published (batch 20, one epoch) against aligned to the reference's updates (batch 2)."""
+    from harness.stages.train import plan_budget
     from harness.store import Store
-    from harness.train import plan_budget
 
     exp = mix_experiment(
         tmp_path,
@@ -245,8 +245,8 @@ def test_budget_alignment_is_the_same_for_every_distillation_method(tmp_path):
     """kd and on_policy adapters train on the same sets as sft: aligned to updates, examples or
     tokens of the reference, each plans exactly the budget of its sft counterpart (and a method
     adds nothing to the reference, the sft per_teacher set of `reference`)."""
+    from harness.stages.train import plan_budget
     from harness.store import Store
-    from harness.train import plan_budget
 
     exp = experiment(
         tmp_path,

@@ -80,7 +80,7 @@ def test_missing_config_file(tmp_path):
 
 
 def test_docs_document_every_leaderboard_column():
-    from harness.analyze import COLUMNS
+    from harness.analysis.analyze import COLUMNS
 
     page = (REPO / "docs" / "results.md").read_text()
     section = page[page.index("## leaderboard.csv columns") :].split("\n## ")[0]
@@ -102,7 +102,7 @@ def test_usage_errors_print_the_usage_line_and_exit_2():
 
 def test_results_dir_is_relative_to_the_config_file(tmp_path):
     """The same command from another directory finds the same results (plan: all complete)."""
-    from harness.config import load_experiment
+    from harness.config.schema import load_experiment
 
     data = yaml.safe_load((REPO / "configs" / "sandbox.yaml").read_text())
     assert data["results_dir"] == "../results"

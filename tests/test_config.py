@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from harness.config import Experiment, load_experiment
+from harness.config.schema import Experiment, load_experiment
 from harness.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_task_refs_accept_names_and_mappings(tmp_path):
 
 
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
-    from harness.config import read_yaml
+    from harness.config.schema import read_yaml
 
     path = tmp_path / "x.yaml"
     path.write_text("a: 1\nb:\n  c: 2\n  d: 3\n  c: 4\n")

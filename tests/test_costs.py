@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import costs, grid, plan
-from harness.config import Experiment, load_experiment, parse
+from harness.config.schema import Experiment, load_experiment, parse
 from harness.errors import UserError
+from harness.execution import plan
+from harness.workflow import estimate, grid
 
 REPO = Path(__file__).resolve().parents[1]
 STUDY = REPO / "configs" / "paper-study.yaml"
@@ -35,24 +36,24 @@ def _with(exp: Experiment, name: str, **engine) -> Experiment:
 
 
 def test_serving_memory_of_qwen_7b_from_its_shape(study):
-    got = costs.serving_memory(study, study.model("qwen2.5-7b"), 4096)
+    got = estimate.serving_memory(study, study.model("qwen2.5-7b"), 4096)
     # Qwen2.5-7B: 28 layers, 4 KV heads of 128: K and V in bf16 = 57,344 bytes a token
     assert got["kv_per_seq_gb"] == pytest.approx(57_344 * 8192 / 1e9)  # max_model_len 8192
     assert got["weights_gb"] == pytest.approx(7.62e9 * 2 / 1e9)
-    room = 80 * 0.9 - 7.62e9 * 2 / 1e9 - costs.RUNTIME_GB
+    room = 80 * 0.9 - 7.62e9 * 2 / 1e9 - estimate.RUNTIME_GB
     assert got["fits"] and got["concurrent_seqs"] == int(room * 1e9 // (57_344 * 8192))
 
 
 def test_a_72b_teacher_fits_four_gpus_not_one(study):
-    four = costs.serving_memory(study, study.model("qwen2.5-72b"), 4096)
+    four = estimate.serving_memory(study, study.model("qwen2.5-72b"), 4096)
     one = _with(study, "qwen2.5-72b", tensor_parallel_size=1)
-    alone = costs.serving_memory(one, one.model("qwen2.5-72b"), 4096)
+    alone = estimate.serving_memory(one, one.model("qwen2.5-72b"), 4096)
     assert four["gpus"] == 4 and four["fits"]
     assert alone["gpus"] == 1 and not alone["fits"] and alone["concurrent_seqs"] == 0
     bigger = parse(
         Experiment, {**one.model_dump(mode="json"), "costs": {"gpu_memory_gb": 192}}, "x.yaml"
     )
-    assert costs.serving_memory(bigger, bigger.model("qwen2.5-72b"), 4096)["fits"]
+    assert estimate.serving_memory(bigger, bigger.model("qwen2.5-72b"), 4096)["fits"]
 
 
 def test_data_parallel_replicas_multiply_the_traces_gpus_not_the_gpu_hours(study, tmp_path):
@@ -60,29 +61,29 @@ def test_data_parallel_replicas_multiply_the_traces_gpus_not_the_gpu_hours(study
     replica's; memory per replica and GPU-hours stay those of one engine."""
     two = _with(study, "qwen2.5-7b", data_parallel_size=2, tensor_parallel_size=2)
     one = _with(study, "qwen2.5-7b", tensor_parallel_size=2)
-    mem = costs.serving_memory(two, two.model("qwen2.5-7b"), 4096)
+    mem = estimate.serving_memory(two, two.model("qwen2.5-7b"), 4096)
     assert (mem["gpus"], mem["replicas"]) == (2, 2)
     assert {k: v for k, v in mem.items() if k != "replicas"} == {
-        k: v for k, v in costs.serving_memory(one, one.model("qwen2.5-7b"), 4096).items()
+        k: v for k, v in estimate.serving_memory(one, one.model("qwen2.5-7b"), 4096).items()
         if k != "replicas"
     }  # fmt: skip
     cells = [c for c in grid.expand(two).unique() if c.model == "qwen2.5-7b"]
     asks = {c.kind: c.resources(two)["gpus"] for c in cells}
     assert asks == {"traces": 4.0, "eval": 2.0}
     tokens = {("generate", "qwen2.5-7b"): 3.6e9}
-    assert costs.gpu_hours(two, tokens) == costs.gpu_hours(one, tokens)
+    assert estimate.gpu_hours(two, tokens) == estimate.gpu_hours(one, tokens)
     line = next(ln for ln in plan.cost_lines(two, []) if "qwen2.5-7b: serve" in ln)
     assert line.startswith("  qwen2.5-7b: serve on 2 GPU x 2 replicas for traces: weights 15.2")
 
 
 def test_training_memory_full_is_16_bytes_a_parameter_and_checkpointing_is_auto(study):
-    lora = costs.training_memory(study, study.model("s-qwen2.5-3b"))
-    small = costs.training_memory(study, study.model("s-qwen2.5-0.5b"))
+    lora = estimate.training_memory(study, study.model("s-qwen2.5-3b"))
+    small = estimate.training_memory(study, study.model("s-qwen2.5-0.5b"))
     assert lora["checkpointing"] and not small["checkpointing"]  # 3.09e9 >= 1e9 > 4.9e8
     data = study.model_dump(mode="json")
     data["train"]["method"] = "full"
     full = parse(Experiment, data, "x.yaml")
-    got = costs.training_memory(full, full.model("s-qwen2.5-3b"))
+    got = estimate.training_memory(full, full.model("s-qwen2.5-3b"))
     assert got["state_gb"] == pytest.approx(3.09e9 * 16 / 1e9)
     assert got["state_gb"] > 4 * lora["state_gb"]
 
@@ -100,8 +101,8 @@ def test_full_fine_tuning_state_is_sharded_by_an_fsdp_config(study, tmp_path):
     data["train"]["accelerate_config"] = str(fsdp_yaml)
     fsdp = parse(Experiment, data, "x.yaml")
     n, layers = 3.09e9, 36
-    whole = costs.training_memory(ddp, ddp.model("s-qwen2.5-3b"))
-    shard = costs.training_memory(fsdp, fsdp.model("s-qwen2.5-3b"))
+    whole = estimate.training_memory(ddp, ddp.model("s-qwen2.5-3b"))
+    shard = estimate.training_memory(fsdp, fsdp.model("s-qwen2.5-3b"))
     assert whole["shards"] == 1 and whole["state_gb"] == pytest.approx(n * 16 / 1e9)
     assert shard["shards"] == 4
     assert shard["state_gb"] == pytest.approx((n * 16 / 4 + 2 * n / layers * 2) / 1e9)
@@ -110,14 +111,14 @@ def test_full_fine_tuning_state_is_sharded_by_an_fsdp_config(study, tmp_path):
     assert f"state {shard['state_gb']:.1f} GB (1/4 each, FSDP)" in line
     data["train"].update(method="lora", precision="fp32", accelerate_config=None, num_processes=1)
     fp32 = parse(Experiment, data, "x.yaml")
-    lora32 = costs.training_memory(fp32, fp32.model("s-qwen2.5-3b"))
-    lora16 = costs.training_memory(study, study.model("s-qwen2.5-3b"))
+    lora32 = estimate.training_memory(fp32, fp32.model("s-qwen2.5-3b"))
+    lora16 = estimate.training_memory(study, study.model("s-qwen2.5-3b"))
     assert lora32["state_gb"] - lora16["state_gb"] == pytest.approx(n * 2 / 1e9)
 
 
 def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
     tokens = {("generate", "qwen2.5-7b"): 3.6e9, ("train", "s-qwen2.5-3b"): 1e9}
-    hours = costs.gpu_hours(study, tokens)
+    hours = estimate.gpu_hours(study, tokens)
     rate = 989e12 * 0.15 / (2 * 7.62e9)
     assert hours["generate"] == pytest.approx(3.6e9 / rate / 3600)
     # LoRA on a 3B with checkpointing: 4N + 2N recomputed, at 35%
@@ -125,12 +126,12 @@ def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
     data = study.model_dump(mode="json")
     data["costs"] = {"throughput": [{"model": "qwen2.5-7b", "generate": 10_000}]}
     measured = parse(Experiment, data, "x.yaml")
-    assert costs.gpu_hours(measured, tokens)["generate"] == pytest.approx(100.0)
-    assert costs.tokens_per_s(measured, measured.model("qwen2.5-7b"), "generate")[1].startswith(
+    assert estimate.gpu_hours(measured, tokens)["generate"] == pytest.approx(100.0)
+    assert estimate.tokens_per_s(measured, measured.model("qwen2.5-7b"), "generate")[1].startswith(
         "measured"
     )
     data["costs"] = {"throughput": [{"model": "qwen2.5-8b", "generate": 10_000}]}
-    with pytest.raises(UserError, match=r"costs.throughput: not a model .*qwen2.5-8b"):
+    with pytest.raises(UserError, match=r"estimate.throughput: not a model .*qwen2.5-8b"):
         parse(Experiment, data, "x.yaml")
 
 

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from harness import dataset as datasets
-from harness import distill, engines, generate, models, train
-from harness import grid as grids
-from harness.config import Experiment
+from harness import engines
+from harness.config.schema import Experiment
+from harness.models import sources as models
+from harness.stages import dataset as datasets
+from harness.stages import distill_methods, generate, train
 from harness.store import Store, read_jsonl
+from harness.workflow import grid as grids
 
 TASK = "sandbox_addition"
 
@@ -70,12 +72,12 @@ def test_topk_kl_is_the_full_kl_at_the_whole_vocabulary_and_rises_to_it_with_k()
     last = torch.zeros(64)
     for k in (1, 2, 5, 10, 20, 50, 101, 102):
         lps, ids = teacher.log_softmax(-1).topk(k, dim=-1)
-        kl = distill.topk_forward_kl(student, ids, lps, full=k == 102)
+        kl = distill_methods.topk_forward_kl(student, ids, lps, full=k == 102)
         assert torch.all(kl >= last - 1e-5) and torch.all(kl <= exact + 1e-5)
         last = kl
     torch.testing.assert_close(last, exact, rtol=1e-5, atol=1e-5)
     lps, ids = teacher.log_softmax(-1).topk(101, dim=-1)  # one token left: the tail is exact too
-    torch.testing.assert_close(distill.topk_forward_kl(student, ids, lps, False), exact)
+    torch.testing.assert_close(distill_methods.topk_forward_kl(student, ids, lps, False), exact)
 
 
 def test_topk_kl_tail_bucket_is_explicit() -> None:
@@ -84,7 +86,9 @@ def test_topk_kl_tail_bucket_is_explicit() -> None:
     s = torch.tensor([[0.5, 0.25, 0.25]]).log()
     lps, ids = t.topk(1, dim=-1)
     want = 0.7 * math.log(0.7 / 0.5) + 0.3 * math.log(0.3 / 0.5)
-    assert distill.topk_forward_kl(s, ids, lps, False).item() == pytest.approx(want, rel=1e-5)
+    assert distill_methods.topk_forward_kl(s, ids, lps, False).item() == pytest.approx(
+        want, rel=1e-5
+    )
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.1, 0.5, 0.9, 1.0])
@@ -97,7 +101,7 @@ def test_generalized_jsd_equals_trl_gkd_loss(beta: float) -> None:
     gen = torch.Generator().manual_seed(1)
     teacher = 2 * torch.randn(3, 7, 102, generator=gen)
     student = (2 * torch.randn(3, 7, 102, generator=gen)).requires_grad_(True)
-    ours = distill.generalized_jsd(student.flatten(0, 1), teacher.flatten(0, 1), beta).sum()
+    ours = distill_methods.generalized_jsd(student.flatten(0, 1), teacher.flatten(0, 1), beta).sum()
     (g_ours,) = torch.autograd.grad(ours, student)
     theirs = GKDTrainer.generalized_jsd_loss(student, teacher, beta=beta, reduction="sum")
     (g_theirs,) = torch.autograd.grad(theirs, student)
@@ -108,8 +112,8 @@ def test_generalized_jsd_equals_trl_gkd_loss(beta: float) -> None:
 def test_reverse_kl_is_beta_one() -> None:
     gen = torch.Generator().manual_seed(2)
     t, s = torch.randn(5, 11, generator=gen), torch.randn(5, 11, generator=gen)
-    torch.testing.assert_close(distill.generalized_jsd(s, t, 1.0), full_kl(s, t))
-    assert distill.on_policy_beta({"divergence": "reverse_kl", "beta": 0.5}) == 1.0
+    torch.testing.assert_close(distill_methods.generalized_jsd(s, t, 1.0), full_kl(s, t))
+    assert distill_methods.on_policy_beta({"divergence": "reverse_kl", "beta": 0.5}) == 1.0
 
 
 # --- the grid ----------------------------------------------------------------------------------
@@ -213,9 +217,12 @@ def test_captured_topk_is_the_teachers_distribution(kd_run: tuple) -> None:
     (traces,) = grid.select(kind="traces")
     cell_dir = store.cell_dir("traces", traces.key)
     summary = store.manifest("traces", traces.key)["summary"]
-    assert summary["topk_bytes"] == (cell_dir / distill.TOPK).stat().st_size > 0
-    assert summary["top_logprobs"] == 102 and not (cell_dir / distill.TOPK_LINES).exists()
-    records, topk = read_jsonl(cell_dir / generate.TRACES), distill.TopK(cell_dir / distill.TOPK)
+    assert summary["topk_bytes"] == (cell_dir / distill_methods.TOPK).stat().st_size > 0
+    assert summary["top_logprobs"] == 102 and not (cell_dir / distill_methods.TOPK_LINES).exists()
+    records, topk = (
+        read_jsonl(cell_dir / generate.TRACES),
+        distill_methods.TopK(cell_dir / distill_methods.TOPK),
+    )
     assert len(topk.index) == len(records) == 8
     engine = engines.load("hf", exp.teachers[0])
     r = records[0]
@@ -224,7 +231,7 @@ def test_captured_topk_is_the_teachers_distribution(kd_run: tuple) -> None:
     assert len(tokens) == r["completion_tokens"] and ids.shape == (len(tokens), 102)
     logits = teacher_logits(exp, prompt_ids, tokens.tolist())
     student = torch.randn(len(tokens), 102, generator=torch.Generator().manual_seed(3))
-    stored = distill.topk_forward_kl(
+    stored = distill_methods.topk_forward_kl(
         student, torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(lps), full=True
     )
     torch.testing.assert_close(stored, full_kl(logits, student), rtol=1e-4, atol=1e-4)
@@ -260,17 +267,19 @@ def test_topk_resumes_with_the_traces(kd_run: tuple, tmp_path: Path) -> None:
     cell_dir.mkdir(parents=True)
     lines = (ref_dir / generate.TRACES).read_bytes().splitlines(keepends=True)
     (cell_dir / generate.TRACES).write_bytes(b"".join(lines[:3]))
-    ref = distill.TopK(ref_dir / distill.TOPK)
+    ref = distill_methods.TopK(ref_dir / distill_methods.TOPK)
     records = read_jsonl(ref_dir / generate.TRACES)
 
     def line(r: dict) -> str:
         tokens, ids, lps = ref.get(r["id"], r["sample"])
         top = tuple(zip(map(tuple, ids.tolist()), map(tuple, lps.tolist()), strict=True))
         sample = engines.Sample("", tuple(tokens.tolist()), 0, "stop", None, top)
-        return json.dumps({"id": r["id"], "sample": r["sample"], **distill.encode_topk(sample)})
+        return json.dumps(
+            {"id": r["id"], "sample": r["sample"], **distill_methods.encode_topk(sample)}
+        )
 
     text = "\n".join(line(r) for r in records[:4]) + "\n" + line(records[4])[:40]
-    (cell_dir / distill.TOPK_LINES).write_text(text)
+    (cell_dir / distill_methods.TOPK_LINES).write_text(text)
     engine = engines.load("hf", exp.teachers[0], max_logprobs=102)
     try:
         summary = generate.work(again, str(again.root), [traces], engine=engine)[traces.key]
@@ -278,7 +287,7 @@ def test_topk_resumes_with_the_traces(kd_run: tuple, tmp_path: Path) -> None:
         engine.close()
     assert summary["resumed_items"] == 3
     assert (cell_dir / generate.TRACES).read_bytes() == (ref_dir / generate.TRACES).read_bytes()
-    got = distill.TopK(cell_dir / distill.TOPK)
+    got = distill_methods.TopK(cell_dir / distill_methods.TOPK)
     assert got.index == ref.index
     assert np.array_equal(got.tokens, ref.tokens) and np.array_equal(got.ids, ref.ids)
     # the resumed items ran in a batch of other widths: float rounding, not other values
@@ -316,7 +325,7 @@ def test_method_settings_need_their_method(tmp_path: Path) -> None:
 def test_plan_counts_on_policy_sampling_and_teacher_forwards(tmp_path: Path) -> None:
     """`cotgap plan` prices an on_policy adapter's samples (generation by the student) and the
     teacher's forward passes (training-stage work of the teacher), beside its training."""
-    from harness import plan
+    from harness.execution import plan
 
     def work(methods: list[str], **cfg: Any) -> dict:
         exp = experiment(tmp_path, methods, **cfg)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import EngineSettings, ModelSpec
+from harness.config.schema import EngineSettings, ModelSpec
 from harness.engines import ChildFailed, Request, Sampling, emit, load, run_in_child
 from harness.engines.base import Engine, cpu_env_defaults, request_seed, vllm_lora_rank
 from harness.engines.vllm_engine import engine_kwargs
@@ -289,7 +289,7 @@ def test_engine_kwargs_pass_settings_through_and_cpu_defaults():
 
 def test_an_engine_is_one_replica_whatever_data_parallel_size_says():
     """data_parallel_size is cotgap's: replicas are engines in children of their own
-    (harness/generate.py, tests/test_gpu_allocator.py); vLLM is never asked for several."""
+    (harness/stages/generate.py, tests/test_gpu_allocator.py); vLLM is never asked for several."""
     for cuda in (True, False):
         assert "data_parallel_size" not in engine_kwargs(
             EngineSettings(data_parallel_size=4), cuda=cuda

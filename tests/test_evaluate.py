@@ -21,14 +21,17 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from harness import evaluate, metric, scoring, tasks
-from harness import grid as grids
-from harness.cells import Cell
+from harness import metric
 from harness.cli import app
-from harness.config import Experiment, canonical
+from harness.config.schema import Experiment, canonical
 from harness.engines import Request, Sample, Sampling
 from harness.errors import UserError
+from harness.stages import evaluate
 from harness.store import Store
+from harness.tasks import scoring
+from harness.tasks import suite as tasks
+from harness.workflow import grid as grids
+from harness.workflow.cells import Cell
 
 TASK = "sandbox_addition"
 

@@ -18,10 +18,11 @@ import pytest
 import yaml
 from test_view import _experiment, _populate
 
-from harness import analyze, export
-from harness import grid as grids
+from harness.analysis import analyze
 from harness.errors import UserError
+from harness.present import export
 from harness.store import Store, read_jsonl
+from harness.workflow import grid as grids
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,13 +26,13 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness import grid as grids
-from harness import schedule
-from harness.config import load_experiment
+from harness.config.schema import load_experiment
+from harness.execution import schedule
+from harness.execution.schedule import STAGE_TABLE
 from harness.sandbox import zoo
 from harness.sandbox.random_model import random_llama
-from harness.schedule import STAGE_TABLE
 from harness.store import Store, read_jsonl
+from harness.workflow import grid as grids
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]

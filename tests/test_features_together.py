@@ -19,9 +19,9 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness import feasible
-from harness.analyze import regime_comparison
-from harness.config import Experiment, load_experiment
+from harness.analysis.analyze import regime_comparison
+from harness.config.schema import Experiment, load_experiment
+from harness.workflow import checks
 
 REPO = Path(__file__).resolve().parents[1]
 MIX = [{"teacher": "t-large", "weight": 1}, {"teacher": "t-small", "weight": 2}]
@@ -111,7 +111,7 @@ def test_budget_regimes_outside_the_trained_regimes_are_refused(tmp_path):
     exp = Experiment.model_validate(
         sandbox_grid("b", tmp_path, budget={"align": "updates", "regimes": ["mix"]})
     )
-    assert feasible.problems(exp) == [
+    assert checks.problems(exp) == [
         "train.budget.regimes: ['mix'] not in train.regimes ['per_teacher']; add them to "
         "train.regimes or remove them here"
     ]
@@ -120,7 +120,7 @@ def test_budget_regimes_outside_the_trained_regimes_are_refused(tmp_path):
 def test_a_feasible_grid_has_no_problems(tmp_path):
     data = sandbox_grid("ok", tmp_path, regimes=["per_teacher", "mix"], mix=MIX)
     data["train"].update(filter_by="nll", filter_drop=0.5)
-    assert feasible.problems(load_experiment(write(tmp_path, data))) == []
+    assert checks.problems(load_experiment(write(tmp_path, data))) == []
 
 
 def test_regimes_compared_without_a_per_teacher_regime():
@@ -315,7 +315,7 @@ def test_gguf_facts_are_read_again_when_the_file_changes_in_place(tmp_path, monk
     gguf_lib = pytest.importorskip("gguf")
     import numpy as np
 
-    from harness import gguf
+    from harness.models import gguf
     from harness.store import sha256_file
 
     monkeypatch.setenv("COTGAP_GGUF_DIR", str(tmp_path / "cache"))
@@ -384,7 +384,7 @@ def local_task(tmp_path: Path) -> tuple[Path, Path]:
     which loading from the files must never use; returns (tasks dir, data dir)."""
     import shutil
 
-    from harness import tasks
+    from harness.tasks import suite as tasks
 
     tasks_dir, data = tmp_path / "tasks", tmp_path / "data"
     shutil.copytree(tasks.tasks_dir(), tasks_dir)
@@ -416,7 +416,7 @@ def test_a_local_grid_makes_no_network_request_whatever_the_environment(tmp_path
     config file (the task names a hub source too): with the offline variables unset and every
     proxy variable at a local listener, `run` (traces, training, evals, the analysis and the
     viewer, which shows the distilled rows' questions from the data_dir) connects to nothing."""
-    from harness import view
+    from harness.present import view
     from harness.sandbox import zoo
 
     zoo.build(profile="test", progress=False)

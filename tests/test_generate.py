@@ -21,12 +21,16 @@ from pathlib import Path
 import pytest
 from test_engines import engine_for, tiny_model_dir, tiny_spec
 
-from harness import answers, engines, generate, plan, scoring, tasks
-from harness import grid as grids
-from harness.cells import Cell
-from harness.config import Experiment
-from harness.schedule import RunOptions
+from harness import engines
+from harness.config.schema import Experiment
+from harness.execution import plan
+from harness.execution.schedule import RunOptions
+from harness.stages import generate
 from harness.store import Store, read_jsonl
+from harness.tasks import answers, scoring
+from harness.tasks import suite as tasks
+from harness.workflow import grid as grids
+from harness.workflow.cells import Cell
 
 TEACHER = "tiny"
 LIMITS = {"sandbox_addition": 40, "sandbox_coin_flip": 12}
@@ -151,8 +155,9 @@ def test_resume_after_sigkill_is_byte_identical(models_dir, reference, tmp_path)
     total = expected.count(b"\n")
     script = textwrap.dedent(f"""
         import sys
-        from harness import generate, grid
-        from harness.config import Experiment
+        from harness.stages import generate
+        from harness.workflow import grid
+        from harness.config.schema import Experiment
         from harness.store import Store
         exp = Experiment.model_validate_json(sys.argv[1])
         cells = [c for c in grid.expand(exp) if c.key == {cell.key!r}]

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from helpers import sandbox_grid
 
-from harness import devices, grid, schedule
-from harness.config import Experiment, parse
+from harness import devices
+from harness.config.schema import Experiment, parse
+from harness.execution import schedule
 from harness.store import Store
+from harness.workflow import grid
 
 TEACHERS = {  # zoo model, GPUs it asks for
     "a": ("test-teacher-s", 1),
@@ -149,7 +151,8 @@ def test_data_parallel_generation_writes_what_one_engine_writes(tmp_path, four_g
     of the items at the same time (one resuming the share a killed run left), and the cell holds
     the bytes of a one-engine run; the key does not change, and evaluation (one engine) asks for
     one GPU."""
-    from harness import engines, generate
+    from harness import engines
+    from harness.stages import generate
 
     config = sandbox_grid("dp", tmp_path / "two", train_limit=8)  # 2 samples each, sampled
     config["teachers"] = [{**config["teachers"][0], "engine": {"data_parallel_size": 2}}]

@@ -8,6 +8,11 @@ The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (w
 of version 1, the grid still gives the digest of that tag), and every golden for the extractor
 versions that rebuild training sets (a dataset's key holds its extractor's version); the sandbox
 golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates.
+
+Keys include the versions of the packages that change a cell's output. The goldens record the
+versions they were written with, and the key tests compute keys with those versions (the lookups
+in harness.workflow.cells are replaced for the test), so the keys are compared on every machine
+whatever is installed: a key can never change unnoticed.
 """
 
 from __future__ import annotations
@@ -19,11 +24,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import cells, dataset, grid, plan, regimes
-from harness.cells import PHASES, STAGE_OF_KIND, TRAIN_PACKAGES, Adapter, Dataset, Eval, Traces
-from harness.config import Experiment, load_experiment
+from harness.config.schema import Experiment, load_experiment
+from harness.execution import plan
 from harness.sandbox import tasks as sandbox_tasks
+from harness.stages import dataset
 from harness.store import package_versions, vllm_version
+from harness.workflow import cells, grid, regimes
+from harness.workflow.cells import (
+    PHASES,
+    STAGE_OF_KIND,
+    TRAIN_PACKAGES,
+    Adapter,
+    Dataset,
+    Eval,
+    Traces,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "grid"
@@ -54,20 +69,38 @@ def without_keys(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "key"} for r in rows]
 
 
+def pin_versions(monkeypatch: pytest.MonkeyPatch, pinned: dict[str, str]) -> None:
+    """Keys computed as if `pinned` were installed (the versions a golden was written with)."""
+    monkeypatch.setattr(cells, "vllm_version", lambda: pinned["vllm"])
+    monkeypatch.setattr(
+        cells, "package_versions", lambda names: {n: pinned[n] for n in names if n in pinned}
+    )
+
+
 @pytest.mark.parametrize("name", ["sandbox", "test-grid"])
-def test_cells_equal_the_golden_of_the_code_before_the_redesign(name: str) -> None:
+def test_cells_equal_the_golden_of_the_code_before_the_redesign(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gold = golden(name)
+    pin_versions(monkeypatch, gold["versions"])
     rows = as_json(grid.expand(load_experiment(CONFIGS[name])))
-    assert without_keys(rows) == without_keys(gold["cells"])  # configs, upstream, order
-    if gold["versions"] != versions():
-        pytest.skip(f"installed versions {versions()} differ from the golden's; keys not compared")
-    assert rows == gold["cells"]
+    assert rows == gold["cells"]  # kinds, keys, configs, upstream, order
 
 
-def test_paper_scale_keys_equal_the_golden() -> None:
+def test_pinned_versions_change_the_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinning reaches the keys: other versions give other keys (so the goldens test keys)."""
+    gold = golden("test-grid")
+    pin_versions(monkeypatch, {**gold["versions"], "torch": "0.0.0"})
+    rows = as_json(grid.expand(load_experiment(CONFIGS["test-grid"])))
+    pairs = list(zip(rows, gold["cells"], strict=True))
+    assert all(r["kind"] == g["kind"] for r, g in pairs)
+    adapters = [r["key"] != g["key"] for r, g in pairs if r["kind"] == "adapter"]
+    assert adapters and all(adapters)
+
+
+def test_paper_scale_keys_equal_the_golden(monkeypatch: pytest.MonkeyPatch) -> None:
     gold = golden("paper-scale")
-    if gold["versions"] != versions():
-        pytest.skip(f"installed versions {versions()} differ from the golden's")
+    pin_versions(monkeypatch, gold["versions"])
     rows = as_json(grid.expand(load_experiment(CONFIGS["paper-scale"])))
     blob = json.dumps([[c["kind"], c["key"], c["upstream"]] for c in rows])
     digest = hashlib.sha256(blob.encode()).hexdigest()

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import grid, index
-from harness.config import load_experiment
+from harness.config.schema import load_experiment
 from harness.store import Store
+from harness.workflow import grid, index
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Frequency properties of the teacher-level inference (harness/inference.py), end to end.
+"""Frequency properties of the teacher-level inference (harness/stats/teacher_level.py), end to end.
 
 Synthetic groups with known truth (`inference.simulate`: item difficulty shared with the baseline,
 a replicate-to-replicate SD of the teachers' accuracy) go through the same functions the analysis
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import inference as inf
+from harness.stats import teacher_level as inf
 
 EQUAL = [0.3, 0.3, 0.3, 0.3]
 

@@ -1,4 +1,4 @@
-"""Model sources (harness/models.py SOURCES): identities of existing kinds of path are unchanged,
+"""Model sources (harness/models/sources.py SOURCES): identities of existing kinds of path are unchanged,
 and `gguf:` errors are one paragraph. No model is loaded here (tests/test_real_model.py loads one)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from harness import gguf, models
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
 from harness.errors import UserError
+from harness.models import gguf
+from harness.models import sources as models
 
 # identity() of these specs as the code before the SOURCES table computed it (commit 923f750,
 # golden-pre-cells): every cell key downstream hashes them, so they must not change by a byte.

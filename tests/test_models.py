@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import models
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
+from harness.models import sources as models
 from harness.sandbox.random_model import random_llama
 
 

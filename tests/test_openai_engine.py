@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from served import FakeUpstream, FaultProxy
 
-from harness.config import ModelSpec, parse
+from harness.config.schema import ModelSpec, parse
 from harness.engines import Request, Sampling, load
 from harness.engines.openai_engine import RequestsFailed, backoff, retry_after
 from harness.errors import UserError
@@ -183,7 +183,7 @@ def _exp(**teacher) -> dict:
     ],
 )
 def test_config_errors_name_the_key(teacher: dict, message: str) -> None:
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
 
     with pytest.raises(UserError, match=message) as e:
         parse(Experiment, _exp(**teacher), "exp.yaml")
@@ -191,7 +191,7 @@ def test_config_errors_name_the_key(teacher: dict, message: str) -> None:
 
 
 def test_a_student_cannot_be_served() -> None:
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
 
     data = _exp(path="sandbox:teacher-s")
     data["students"][0]["engine"] = {"kind": "openai", "base_url": "http://h/v1", "model": "m"}
@@ -202,10 +202,11 @@ def test_a_student_cannot_be_served() -> None:
 def test_the_generate_stage_with_a_served_teacher(tmp_path: Path, monkeypatch) -> None:
     """The traces stage end to end against the stand-in upstream: records and usage in the cell,
     the generation cost from the price table, and the API key in no file of the results."""
-    from harness import generate, spend
-    from harness import grid as grids
-    from harness.config import Experiment
+    from harness.analysis import spend
+    from harness.config.schema import Experiment
+    from harness.stages import generate
     from harness.store import Store
+    from harness.workflow import grid as grids
 
     key = "sk-fake-3c9e1b7d-never-on-disk"
     monkeypatch.setenv("COTGAP_TEST_SERVED_KEY", key)
@@ -243,8 +244,8 @@ def test_the_generate_stage_with_a_served_teacher(tmp_path: Path, monkeypatch) -
 
 
 def test_plan_prices_a_served_teacher_and_leaves_it_out_of_gpu_hours() -> None:
-    from harness import costs
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
+    from harness.workflow import estimate
 
     engine = {"kind": "openai", "base_url": "http://h/v1", "model": "m"}
     data = _exp(engine=engine)
@@ -254,9 +255,11 @@ def test_plan_prices_a_served_teacher_and_leaves_it_out_of_gpu_hours() -> None:
     }
     exp = parse(Experiment, data, "exp.yaml")
     tokens = {("generate", "t"): 2e6, ("evaluate", "t"): 1e6, ("generate", "u"): 5e5}
-    assert costs.served_cost(exp, tokens)["t"] == pytest.approx(9.0)
-    assert costs.served_cost(exp, tokens)["u"] != costs.served_cost(exp, tokens)["u"]  # no price
-    assert costs.gpu_hours(exp, tokens) == {}
+    assert estimate.served_cost(exp, tokens)["t"] == pytest.approx(9.0)
+    assert (
+        estimate.served_cost(exp, tokens)["u"] != estimate.served_cost(exp, tokens)["u"]
+    )  # no price
+    assert estimate.gpu_hours(exp, tokens) == {}
 
 
 def test_the_rate_limit_spends_a_minute_budget() -> None:
@@ -278,8 +281,8 @@ def test_the_rate_limit_spends_a_minute_budget() -> None:
 def test_kd_and_on_policy_refuse_a_served_teacher() -> None:
     """A served teacher gives text, not its next-token distribution: kd and on_policy are refused
     at validate time with the way out; sft alone validates."""
-    from harness import grid
-    from harness.config import Experiment
+    from harness.config.schema import Experiment
+    from harness.workflow import grid
 
     served = {"engine": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}}
     for method in ("kd", "on_policy"):

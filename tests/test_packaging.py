@@ -15,8 +15,9 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness import grid, tasks
-from harness.config import Experiment, parse, task_names
+from harness.config.schema import Experiment, parse, task_names
+from harness.tasks import suite as tasks
+from harness.workflow import grid
 
 REPO = Path(__file__).resolve().parents[1]
 BBH_PROMPTS = REPO / "harness" / "tasks_data" / "bbh" / "cot-prompts"
@@ -26,7 +27,8 @@ BBH_PROMPTS = REPO / "harness" / "tasks_data" / "bbh" / "cot-prompts"
 CHILD = """
 import json, sys
 import harness
-from harness import config, tasks
+from harness.config import schema as config
+from harness.tasks import suite as tasks
 names = config.task_names()
 pre, shots = tasks.fewshot_exemplars("bbh_boolean_expressions", None)
 item = tasks.Item("x", 0, "not ( True ) and ( True ) is", "False")
@@ -172,7 +174,7 @@ def test_validate_cli_exits_2_on_missing_few_shot_prompts(tmp_path):
 def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
     """Its phase 0 prompts every task few-shot (BBH's cot-prompts, MATH's file), from the hub:
     every prompt is found in the package."""
-    from harness.config import load_experiment
+    from harness.config.schema import load_experiment
 
     monkeypatch.delenv("COTGAP_DATA_DIR", raising=False)
     monkeypatch.delenv("COTGAP_TASKS_DIR", raising=False)
@@ -185,7 +187,7 @@ def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
 def test_phase_0_prompts_bbh_few_shot_from_the_packaged_prompts(shared_data, tmp_path):
     """The select cells of a study on BBH, with a data dir holding the items only (no
     cot-prompts): the requests phase 0 sends carry BBH's three packaged exemplars."""
-    from harness.generate import requests
+    from harness.stages.generate import requests
 
     (tmp_path / "bbh").mkdir()
     shutil.copy(shared_data / "bbh" / "navigate.json", tmp_path / "bbh")

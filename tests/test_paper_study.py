@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.execution.schedule import read_events
 from harness.sandbox import zoo
-from harness.schedule import read_events
 from harness.store import Store
 
 pytestmark = pytest.mark.slow

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
+from harness.execution.schedule import read_events
 from harness.sandbox import zoo
-from harness.schedule import read_events
 from harness.store import Store
 
 pytestmark = pytest.mark.slow
@@ -138,10 +138,10 @@ def test_trace_draws_paired_with_training_seeds_run_end_to_end(tmp_path):
     """`generate.seeds: [0, 1]`, `train.seeds: [0, 1]`, paired: two traces cells per teacher
     sampled differently, each draw's sets built from its own traces, one adapter per draw, and
     a leaderboard that names every row's draw."""
-    from harness import analyze
-    from harness import grid as grids
-    from harness.config import load_experiment
+    from harness.analysis import analyze
+    from harness.config.schema import load_experiment
     from harness.store import read_jsonl
+    from harness.workflow import grid as grids
 
     zoo.build(profile="test", progress=False)
     data = sandbox_grid(

@@ -58,7 +58,9 @@ def test_task_new_writes_a_task_that_loads_and_scores(tmp_path, monkeypatch):
     without = cotgap("ls", "tasks", cwd=tmp_path)
     assert "my_sums" not in without.stdout  # only where its folder is included
 
-    from harness import config, scoring, tasks
+    from harness.config import schema as config
+    from harness.tasks import scoring
+    from harness.tasks import suite as tasks
 
     monkeypatch.setenv("COTGAP_TASK_PATH", str(tasks_dir))
     items = tasks.load_items("my_sums", "test", data_dir)
@@ -206,7 +208,7 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     correct = [r["correct"] for r in records]
     assert len(correct) == 6
 
-    from harness import tasks
+    from harness.tasks import suite as tasks
 
     items = tasks.load_items("sandbox_addition", "test", limit=6)
     assert [r["question"] for r in records] == [it.question for it in items]
@@ -222,9 +224,9 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     )  # fmt: skip
     assert (results / row["path"]).resolve() == cell.resolve()
 
-    from harness import inference
+    from harness.stats import teacher_level
 
-    est = inference.accuracy(inference.baseline_arm(np.array(correct, dtype=float)))
+    est = teacher_level.accuracy(teacher_level.baseline_arm(np.array(correct, dtype=float)))
     expected = f"{100 * est.estimate:.1f} [{100 * est.low:.1f}, {100 * est.high:.1f}]"
     assert expected in out.stdout
 
@@ -240,9 +242,10 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     }
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    from harness import grid, plan
-    from harness.config import load_experiment
+    from harness.config.schema import load_experiment
+    from harness.execution import plan
     from harness.store import Store
+    from harness.workflow import grid
 
     exp = load_experiment(path)
     base = grid.expand(exp).baselines["sandbox_addition", "xs"]
@@ -318,9 +321,9 @@ def _grid_config(tmp_path: Path, student: str) -> Path:
 def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
     import csv
 
-    from harness import grid, index
-    from harness.config import load_experiment
+    from harness.config.schema import load_experiment
     from harness.store import Store
+    from harness.workflow import grid, index
 
     exp = load_experiment(_grid_config(tmp_path, "student-xs"))
     store = Store(exp.root)

@@ -14,11 +14,13 @@ import pytest
 import yaml
 from helpers import TEST_TEACHERS, sandbox_grid
 
-from harness import analyze, grid, plan
-from harness.config import load_experiment
+from harness.analysis import analyze
+from harness.config.schema import load_experiment
+from harness.execution import plan
+from harness.execution.schedule import RunOptions
 from harness.sandbox import zoo
-from harness.schedule import RunOptions
 from harness.store import Store
+from harness.workflow import grid
 
 ray = pytest.importorskip("ray")
 pytestmark = [pytest.mark.slow, pytest.mark.faults]  # make test-slow (CI runs it too)

@@ -25,9 +25,10 @@ import yaml
 from helpers import sandbox_grid
 from test_pipeline import cotgap
 
-from harness import gguf, models
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
 from harness.engines import Request, Sampling, load
+from harness.models import gguf
+from harness.models import sources as models
 from harness.store import sha256_file
 
 # one xdist worker runs the module: its fixtures (the conversion, the grid) are made once

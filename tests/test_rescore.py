@@ -19,13 +19,17 @@ import pandas as pd
 import pytest
 from helpers import sandbox_grid
 
-from harness import analyze, answers, dataset, evaluate, generate, plan, schedule, scoring, tasks
-from harness import grid as grids
-from harness.cells import Cell
-from harness.config import Experiment
+from harness.analysis import analyze
+from harness.config.schema import Experiment
 from harness.engines.base import Sample
+from harness.execution import plan, schedule
 from harness.sandbox import zoo
+from harness.stages import dataset, evaluate, generate
 from harness.store import Store, read_jsonl
+from harness.tasks import answers, scoring
+from harness.tasks import suite as tasks
+from harness.workflow import grid as grids
+from harness.workflow.cells import Cell
 
 TASK, EXTRACTOR = "sandbox_coin_flip", "yes_no"
 TRAIN_LIMIT, TEST_LIMIT, N = 40, 200, 2

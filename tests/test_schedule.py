@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import grid, progress, schedule
-from harness.cells import Cell
-from harness.config import Experiment, load_experiment
+from harness import progress
+from harness.config.schema import Experiment, load_experiment
 from harness.errors import UserError
+from harness.execution import schedule
 from harness.store import Store
+from harness.workflow import grid
+from harness.workflow.cells import Cell
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 

@@ -1,4 +1,4 @@
-"""Screen cells (harness/screen.py) and their analysis (harness/screening.py): the signals against
+"""Screen cells (harness/stages/screen.py) and their analysis (harness/analysis/screening.py): the signals against
 an independent computation, the mask against training's, the cells in the grid and the store, and
 the validation statistics on hand-made numbers."""
 
@@ -14,12 +14,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import answers, grid, models, plan, regimes, schedule, screen, screening
-from harness.config import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
-from harness.dataset import encode, load_tokenizer
+from harness.analysis import screening
+from harness.config.schema import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
+from harness.execution import plan, schedule
+from harness.models import sources as models
 from harness.sandbox.random_model import random_llama
+from harness.stages import screen
+from harness.stages.dataset import encode, load_tokenizer
+from harness.stages.train import collate
 from harness.store import Store, read_jsonl
-from harness.train import collate
+from harness.tasks import answers
+from harness.workflow import grid, regimes
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from helpers import sandbox_grid
 
-from harness import evaluate, plan, schedule, selection, tasks
-from harness import grid as grids
-from harness.cells import Cell
-from harness.config import Experiment
-from harness.report import _selection, _warnings
+from harness.analysis.report import _selection, _warnings
+from harness.config.schema import Experiment
+from harness.execution import plan, schedule
+from harness.stages import evaluate
 from harness.store import Store
+from harness.tasks import suite as tasks
+from harness.workflow import grid as grids
+from harness.workflow import selection
+from harness.workflow.cells import Cell
 
 TASKS = ("sandbox_coin_flip", "sandbox_addition")
 # what the fake select evals score: teachers differ by 40 points on coin flip, 2 on addition

@@ -1,4 +1,4 @@
-"""harness.stats: coverage by simulation, hand-worked values, edge cases, properties.
+"""harness.stats.adapters: coverage by simulation, hand-worked values, edge cases, properties.
 
 .venv/bin/pytest tests/test_stats.py -q
 """
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from harness.stats import (
+from harness.stats.adapters import (
     _mean_ci,
     accuracy_ci,
     discordant_pairs,

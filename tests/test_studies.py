@@ -1,4 +1,4 @@
-"""The study analyses (harness/studies.py) on synthetic grids with known truth: each finds an
+"""The study analyses (harness/analysis/studies.py) on synthetic grids with known truth: each finds an
 effect planted in it, and on a null grid claims one no more often than its stated error rate
 allows (a one-sided binomial check at 0.001 against alpha 0.05, over a few dozen runs; the
 calibrated figures over 1,000 runs are in benchmarks/README.md, from benchmarks/studies.py).
@@ -16,10 +16,11 @@ from helpers import sandbox_grid
 from scipy import stats
 
 from benchmarks import studies as bench
-from harness import inference, selection
-from harness import studies as st
-from harness.config import Experiment
-from harness.grid import expand
+from harness.analysis import studies as st
+from harness.config.schema import Experiment
+from harness.stats import teacher_level
+from harness.workflow import selection
+from harness.workflow.grid import expand
 
 
 def not_above_alpha(rate: float, runs: int, alpha: float = 0.05) -> bool:
@@ -60,8 +61,8 @@ def test_family_of_reads_the_config_then_the_name():
 
 def test_pair_of_gives_a_minus_b_with_the_groups_verdict():
     rng = np.random.default_rng(3)
-    base, (lo, hi) = inference.simulate(rng, 1, 300, 0.3, [0.3, 0.6], 3, 0.01)
-    d = inference.decide_group(base[0], {"weak": list(lo[0]), "strong": list(hi[0])}).as_dict()
+    base, (lo, hi) = teacher_level.simulate(rng, 1, 300, 0.3, [0.3, 0.6], 3, 0.01)
+    d = teacher_level.decide_group(base[0], {"weak": list(lo[0]), "strong": list(hi[0])}).as_dict()
     fwd, back = st.pair_of(d, "strong", "weak"), st.pair_of(d, "weak", "strong")
     assert fwd["verdict"] == "better" and back["verdict"] == "worse"
     assert fwd["estimate"].estimate == pytest.approx(-back["estimate"].estimate)
@@ -133,10 +134,10 @@ def test_family_average_is_the_mean_of_task_gains():
     rng = np.random.default_rng(5)
     arms = {}
     for k, acc in enumerate((0.5, 0.7)):
-        base, (a,) = inference.simulate(rng, 1, 100, 0.4, [acc], 3, 0.02)
+        base, (a,) = teacher_level.simulate(rng, 1, 100, 0.4, [acc], 3, 0.02)
         arms[(f"bbh_{k}", "stu", "per_teacher")] = (base[0], {"T": list(a[0])})
     (got,) = st.family_averages(arms, {}, 0.05, 0.03)["averages"]
-    gains = [inference.difference(inference.arm(t["T"]), inference.baseline_arm(b)).estimate
+    gains = [teacher_level.difference(teacher_level.arm(t["T"]), teacher_level.baseline_arm(b)).estimate
              for b, t in arms.values()]  # fmt: skip
     assert got["gain"].estimate == pytest.approx(np.mean(gains))
     assert got["gain"].low < got["gain"].estimate < got["gain"].high
@@ -207,12 +208,12 @@ def test_teacher_frame_reads_groups_and_board():
 
 
 def test_delta_large_takes_the_configured_pair_over_the_largest():
-    from harness.analyze import delta_large
+    from harness.analysis.analyze import delta_large
 
     rng = np.random.default_rng(4)
-    base, arms = inference.simulate(rng, 1, 200, 0.3, [0.3, 0.5, 0.6], 3, 0.01)
+    base, arms = teacher_level.simulate(rng, 1, 200, 0.3, [0.3, 0.5, 0.6], 3, 0.01)
     names = ["small", "mid", "large"]
-    d = inference.decide_group(
+    d = teacher_level.decide_group(
         base[0], {n: list(a[0]) for n, a in zip(names, arms, strict=True)}
     ).as_dict()
     means = pd.DataFrame(
@@ -229,7 +230,7 @@ def test_delta_large_takes_the_configured_pair_over_the_largest():
 
 
 def test_a_batch_alignment_without_a_mix_is_a_problem(tmp_path):
-    from harness import feasible
+    from harness.workflow import checks
 
     exp = _exp(tmp_path, train={"budget": {"align": ["none", "batch"]}})
-    assert any("align: batch trains the mix" in p for p in feasible.problems(exp))
+    assert any("align: batch trains the mix" in p for p in checks.problems(exp))

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import view
-from harness.config import load_experiment
+from harness.config.schema import load_experiment
+from harness.present import view
 from harness.sandbox import zoo
 
 pytestmark = [pytest.mark.slow, pytest.mark.combos]  # make test-slow: a 380-cell grid

@@ -19,8 +19,9 @@ import pytest
 import yaml
 from helpers import opened_files
 
-from harness import answers, scoring, tasks
 from harness.errors import UserError
+from harness.tasks import answers, scoring
+from harness.tasks import suite as tasks
 
 REAL = [
     "gsm8k", "math", "math500", "svamp", "multiarith", "addsub", "singleeq", "asdiv", "aqua",
@@ -125,7 +126,7 @@ def test_ls_tasks_reads_only_task_files_and_needs_no_data():
 
 
 def test_importing_tasks_stays_light():
-    code = "import sys, harness.tasks; print([m for m in ('torch', 'datasets', 'math_verify', 'vllm') if m in sys.modules])"
+    code = "import sys, harness.tasks.suite; print([m for m in ('torch', 'datasets', 'math_verify', 'vllm') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -782,7 +783,8 @@ def test_source_version_is_the_sandbox_generators_version():
 def test_task_path_adds_folders_next_to_the_built_in_tasks(tmp_path, monkeypatch):
     """COTGAP_TASK_PATH: a task in an extra folder is found by name beside every built-in task,
     and shadows a built-in of the same name."""
-    from harness import config, tasks
+    from harness.config import schema as config
+    from harness.tasks import suite as tasks
 
     builtin = config.task_names()
     mine = tmp_path / "mine"

@@ -14,11 +14,12 @@ import pandas as pd
 import pytest
 from test_view import _experiment, _populate
 
-from harness import analyze, tracking
-from harness import grid as grids
-from harness.config import Experiment, parse
+from harness.analysis import analyze
+from harness.config.schema import Experiment, parse
 from harness.errors import UserError
+from harness.present import tracking
 from harness.store import Store
+from harness.workflow import grid as grids
 
 BASE = {
     "name": "x",

@@ -24,15 +24,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from harness import dataset as datasets
-from harness import grid as grids
-from harness import schedule, train
-from harness.cells import Cell
-from harness.config import Experiment, TrainConfig
+from harness.config.schema import Experiment, TrainConfig
 from harness.errors import UserError
+from harness.execution import schedule
+from harness.execution.schedule import Events
 from harness.sandbox.random_model import random_llama
-from harness.schedule import Events
+from harness.stages import dataset as datasets
+from harness.stages import train
 from harness.store import Store, read_jsonl
+from harness.workflow import grid as grids
+from harness.workflow.cells import Cell
 
 END = "<|end|>"
 REPO = Path(__file__).resolve().parents[1]
@@ -334,7 +335,9 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
             and time.time() < deadline
         ):
             time.sleep(0.005)
-        (worker,) = [p for p in psutil.Process().children() if "harness.train" in p.cmdline()]
+        (worker,) = [
+            p for p in psutil.Process().children() if "harness.stages.train" in p.cmdline()
+        ]
         worker.send_signal(signal.SIGKILL)
         with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
             first.result()
@@ -416,7 +419,7 @@ def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float 
     while not done() and not run.done() and time.time() < deadline:
         time.sleep(0.005)
     assert done(), "the worker never got there"
-    (worker,) = [p for p in psutil.Process().children() if "harness.train" in p.cmdline()]
+    (worker,) = [p for p in psutil.Process().children() if "harness.stages.train" in p.cmdline()]
     for p in [worker, *worker.children(recursive=True)]:  # with the ranks of a launch
         p.send_signal(signal.SIGKILL)
     with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
@@ -554,18 +557,18 @@ def test_weights_are_held_in_the_dtypes_plan_counts(
     toy: tuple, tiny_model: Path, tmp_path: Path, method: str, fresh_accelerator: None
 ) -> None:
     """Under bf16 mixed precision what trains is held in fp32 (full fine-tuning's weights: the
-    optimizer's master copy) and a frozen LoRA base in bf16: the bytes costs.training_memory
+    optimizer's master copy) and a frozen LoRA base in bf16: the bytes estimate.training_memory
     counts a parameter."""
-    from harness import costs
+    from harness.workflow import estimate
 
     exp, store, adapter = toy
     cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
     _write_job(tmp_path, tiny_model, store, adapter, cfg)
     held = train.train(tmp_path)["dtypes"]
     size = {"float32": 4, "bfloat16": 2}
-    assert held["trained"] == "float32" and size[held["trained"]] == costs.FULL_BYTES // 4
+    assert held["trained"] == "float32" and size[held["trained"]] == estimate.FULL_BYTES // 4
     if method == "lora":
-        assert held["frozen"] == "bfloat16" and size["bfloat16"] == costs.FROZEN_BYTES["bf16"]
+        assert held["frozen"] == "bfloat16" and size["bfloat16"] == estimate.FROZEN_BYTES["bf16"]
     else:
         assert held["frozen"] is None  # every weight trains
 
@@ -575,7 +578,7 @@ def test_worker_commands(tmp_path: Path) -> None:
     assert one == [
         sys.executable,
         "-m",
-        "harness.train",
+        "harness.stages.train",
         "--cell-dir",
         str(tmp_path),
         "--owner-pid",
@@ -763,7 +766,7 @@ def test_a_worker_stopped_by_both_signals_exits_quietly(tmp_path: Path) -> None:
     (cell / ".adapter.tmp").mkdir(parents=True)
     code = f"""
 import os, signal, time, weakref
-from harness import train
+from harness.stages import train
 
 class Model: pass
 

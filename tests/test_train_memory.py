@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness import train
-from harness.config import TrainConfig
+from harness.config.schema import TrainConfig
+from harness.stages import train
 
 VOCAB = 997
 
@@ -130,8 +130,8 @@ def test_gradient_checkpointing_auto_is_on_from_1b_parameters():
 def test_gradient_checkpointing_is_not_in_the_adapter_key(tmp_path):
     from helpers import sandbox_grid
 
-    from harness import grid
-    from harness.config import Experiment, parse
+    from harness.config.schema import Experiment, parse
+    from harness.workflow import grid
 
     keys = []
     for value in ("auto", True):

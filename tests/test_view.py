@@ -18,12 +18,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import analyze, view
-from harness import grid as grids
-from harness.config import Experiment
+from harness.analysis import analyze
+from harness.config.schema import Experiment
 from harness.errors import UserError
+from harness.present import view
 from harness.store import Store, read_jsonl
-from harness.tasks import load_items
+from harness.tasks.suite import load_items
+from harness.workflow import grid as grids
 
 REPO = Path(__file__).resolve().parents[1]
 TASK, N_TEST, N_TRAIN = "sandbox_coin_flip", 16, 12
@@ -372,7 +373,7 @@ def test_a_screened_out_row_is_reported_as_such_not_as_missing(viewed, tmp_path,
     patched in: this grid has no screens; tests/test_screen.py runs the real gate.)"""
     import shutil
 
-    from harness import screening
+    from harness.analysis import screening
 
     exp, *_ = viewed
     copy = exp.model_copy(update={"results_dir": str(tmp_path)})

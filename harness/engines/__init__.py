@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import devices
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
 from harness.engines.base import Engine, Request, Sample, Sampling, request_seed
 from harness.engines.hf_engine import HFEngine
 from harness.engines.openai_engine import OpenAIEngine

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
 from harness.errors import UserError
 
 FinishReason = Literal["stop", "length"]
@@ -168,7 +168,7 @@ class Engine:
     def __init__(self, spec: ModelSpec, model_dir: str | None = None):
         from transformers import AutoTokenizer
 
-        from harness import models
+        from harness.models import sources as models
 
         self.spec = spec
         # The resolved directory is already the snapshot of spec.revision, so revision ends here.

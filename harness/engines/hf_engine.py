@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from harness.config import ModelSpec
+from harness.config.schema import ModelSpec
 from harness.engines.base import (
     Adapters,
     Engine,

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.config import ModelSpec, OpenAIEndpoint
+from harness.config.schema import ModelSpec, OpenAIEndpoint
 from harness.engines.base import (
     Adapters,
     Engine,

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.config import EngineSettings, ModelSpec
+from harness.config.schema import EngineSettings, ModelSpec
 from harness.engines.base import (
     Adapters,
     Engine,
@@ -80,7 +80,7 @@ def engine_kwargs(
 ) -> dict[str, Any]:
     """`vllm.LLM` keyword arguments from a model's engine settings (None = vLLM's default)."""
     # the settings are named as vLLM names them; an engine is one replica (data parallel
-    # generation runs several engines: harness/generate.py)
+    # generation runs several engines: harness/stages/generate.py)
     kw: dict[str, Any] = settings.model_dump(exclude={"data_parallel_size"})
     if settings.enforce_eager is None:
         # CUDA graphs make small-batch decoding several times faster on a GPU; on a CPU,

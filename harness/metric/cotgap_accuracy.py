@@ -16,7 +16,8 @@ from __future__ import annotations
 import datasets
 import evaluate
 
-from harness import scoring, tasks
+from harness.tasks import scoring
+from harness.tasks import suite as tasks
 
 _DESCRIPTION = __doc__
 _KWARGS_DESCRIPTION = """
@@ -24,7 +25,7 @@ Args:
     predictions: list of completions (str).
     references: list of gold answers (str), in the task's canonical form.
     task: a cotgap task name (`cotgap ls tasks`); picks the extractor, answer type and headline.
-    extractor: optional extractor name overriding the task's (`harness.answers.EXTRACTORS`).
+    extractor: optional extractor name overriding the task's (`harness.tasks.answers.EXTRACTORS`).
     finish_reasons: optional list of "stop" / "length", one per prediction (default all "stop").
     choices: optional list of option-text lists, one per prediction (multiple-choice tasks).
 Returns:

@@ -1,0 +1,1 @@
+"""Analysis: leaderboard, answers, studies, screening validation, and the report."""

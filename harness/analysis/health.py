@@ -1,0 +1,88 @@
+"""Cells that completed but give nothing usable, said in a run's output with the number and what
+to change: a teacher with no correct trace, a training set left empty, completions cut at
+max_tokens or without an answer the task's extractor reads.
+
+    cotgap run configs/sandbox.yaml    (the lines follow "computed N cell(s)")
+
+Each complete cell's manifest summary is read (traces: yield, truncation and format-failure
+rates; dataset: n_examples; eval: truncation and format-failure rates); nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from harness.config.schema import Experiment
+from harness.store import Store
+from harness.workflow.cells import Cell
+
+MOST = 0.5  # "most completions": a share above this is reported
+
+
+def problems(exp: Experiment, store: Store, cells: Iterable[Cell]) -> list[str]:
+    """One line per problem of the complete cells among `cells` (each key once), in order."""
+    out: list[str] = []
+    seen: set[str] = set()
+    for c in cells:
+        if c.key in seen or c.kind not in _CHECKS:
+            continue
+        seen.add(c.key)
+        manifest = store.manifest(c.kind, c.key)
+        if manifest:
+            out += _CHECKS[c.kind](exp, c, manifest.get("summary") or {})
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _rates(c: Cell, s: dict[str, Any], n: int, section: str, max_tokens: int) -> list[str]:
+    out = []
+    if (s.get("truncation_rate") or 0) > MOST:
+        out.append(
+            f"{c.label}: {_pct(s['truncation_rate'])} of {n} completions were cut at max_tokens "
+            f"({max_tokens}); raise {section}.max_tokens"
+        )
+    if (s.get("format_failure_rate") or 0) > MOST:
+        out.append(
+            f"{c.label}: {_pct(s['format_failure_rate'])} of {n} completions hold no answer the "
+            "task's extractor reads (`cotgap score --explain` shows what it reads); if the task's "
+            "prompt already asks for one ('The answer is ...'), the model does not follow it: try "
+            "few-shot prompts (evaluate.prompt_style: few_shot_cot), the second answer pass "
+            "(evaluate.answer_pass: true) or a larger model"
+        )
+    return out
+
+
+def _traces(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
+    n, samples = s.get("n_items", 0), s.get("n_samples", 0)
+    out = []
+    if n and s.get("yield") == 0:
+        out.append(
+            f"{c.label}: 0 of {n} questions have a correct trace ({samples} samples): this "
+            "teacher gives no training examples; raise generate.n or generate.max_tokens, check "
+            "the prompt, or choose a stronger teacher"
+        )
+    return out + _rates(c, s, samples, "generate", exp.generate.max_tokens)
+
+
+def _dataset(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
+    if s.get("n_examples", 1):
+        return []
+    overlong = s.get("n_dropped_overlong", 0)
+    filtered = s.get("n_filtered", 0)
+    return [
+        f"{c.label}: 0 training examples after filtering ({overlong} dropped as longer than "
+        f"train.max_length {exp.train.max_length}, {filtered} by train.filter_by): its adapters "
+        "and evals are skipped; see its teacher's traces above, raise train.max_length or "
+        "lower train.filter_drop"
+    ]
+
+
+def _eval(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
+    return _rates(c, s, s.get("n", 0), "evaluate", exp.evaluate.max_tokens)
+
+
+_CHECKS = {"traces": _traces, "dataset": _dataset, "eval": _eval}

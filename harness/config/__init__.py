@@ -1,0 +1,1 @@
+"""Experiment configs: the strict pydantic schema and its YAML loading."""

@@ -1,0 +1,452 @@
+"""Plans and runs an experiment: what is there, what would run and how much work it is; runs it
+on the chosen executor; evaluates an ad-hoc adapter.
+
+    cotgap plan configs/sandbox.yaml
+    cotgap run configs/sandbox.yaml [--only generate,train,evaluate]
+
+The cells come from harness/workflow/grid.py, the order from harness/execution/schedule.py. Every cell that is
+complete on disk is skipped, so a killed run resumes and a second run computes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from harness.config.schema import Experiment
+from harness.errors import UserError
+from harness.execution import schedule
+from harness.models import sources as models
+from harness.store import Store
+from harness.tasks import suite as tasks
+from harness.workflow import grid as grids
+from harness.workflow import selection
+from harness.workflow.cells import Cell, Eval
+
+
+def run(
+    exp: Experiment,
+    store: Store,
+    wanted: Iterable[Cell] | None = None,
+    options: schedule.RunOptions = schedule.RunOptions(),
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
+    """Compute every missing cell among `wanted` (default: the whole grid) and the missing cells
+    they depend on, on the chosen executor; returns the computed cells by kind."""
+    g = grids.expand(exp)
+    wanted = g if wanted is None else wanted
+    events = schedule.Events(store, log)
+    sched = schedule.Schedule(
+        g,
+        wanted,
+        store,
+        options.only,
+        events,
+        g.gates,
+        task_gates=selection.gates(g),
+        decide=_decider(exp, g, store),
+    )
+    if options.executor == "ray":
+        from harness.execution import ray_executor
+
+        return ray_executor.run(exp, store, sched, address=options.address or exp.ray.address)
+    return schedule.run_local(exp, store, sched)
+
+
+def _decider(exp: Experiment, g: grids.Grid, store: Store) -> Any:
+    def decide(task: str) -> tuple[bool | None, str]:
+        d = selection.decide(exp, g, store)[task]
+        return d.runs, d.reason
+
+    return decide
+
+
+def missing(store: Store, cells: Iterable[Cell]) -> list[Cell]:
+    return [c for c in cells if not store.complete(c.kind, c.key)]
+
+
+def evaluate_adapter(
+    exp: Experiment, store: Store, model: str, adapter_dir: Any, task: str | None
+) -> list[str]:
+    """Evaluate an arbitrary PEFT adapter directory on `model` under the experiment's eval config."""
+    from pathlib import Path
+
+    from harness.stages import evaluate
+
+    d = Path(adapter_dir).expanduser().resolve()
+    if not (d / "adapter_config.json").exists():
+        raise UserError(
+            f"--adapter {adapter_dir}: no adapter_config.json there; give a PEFT adapter directory."
+        )
+    ident = models.identity(exp.model(model))
+    fingerprint = {"local": str(d), "fingerprint": models._weights_fingerprint(d)}
+    cells = [
+        Eval.of(exp, ident, model, t, fingerprint, role="adhoc", adapter_dir=str(d))
+        for t in ([task] if task else [t.name for t in exp.tasks])
+    ]
+    todo = missing(store, cells)
+    if todo:
+        evaluate.run(exp, store, todo)
+    return [c.key for c in cells]
+
+
+def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
+    """Upper bounds of the work, from configs and declared split sizes; loads no model or data."""
+    out = {"generated_tokens_max": 0, "eval_tokens_max": 0, "train_steps": 0, "train_tokens_max": 0}
+    names = {"generate": "generated_tokens_max", "evaluate": "eval_tokens_max"}
+    for (stage, _), work in work_by_model(exp, cells).items():
+        if stage == "train":
+            out["train_steps"] += work["steps"]
+            out["train_tokens_max"] += work["tokens"]
+        else:
+            out[names[stage]] += work["tokens"]
+    return out
+
+
+def work_by_model(exp: Experiment, cells: list[Cell]) -> dict[tuple[str, str], dict[str, int]]:
+    """Tokens (upper bounds) and optimizer steps of each (stage, model): generate, evaluate,
+    train."""
+    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for c in cells:
+        t = c.config.get("task", {})
+        n_items = t.get("limit") or sizes.get(t.get("name"), {}).get(t.get("split"), 0) or 0
+        steps, tokens, stage = 0, 0, c.stage
+        if c.kind == "traces":
+            tokens = n_items * exp.generate.n * exp.generate.max_tokens
+        elif c.kind == "eval":
+            tokens, stage = n_items * exp.evaluate.n * exp.evaluate.max_tokens, "evaluate"
+        elif c.kind == "adapter":
+            own = c.train  # type: ignore[attr-defined]
+            steps = train_steps(exp, c, sizes)
+            tokens = steps * _batch(own) * exp.train.max_length
+            if c.method == "on_policy":  # type: ignore[attr-defined]
+                _on_policy_work(exp, c, tokens, steps * _batch(own), out)
+        else:
+            continue
+        work = out.setdefault((stage, c.model), {"tokens": 0, "steps": 0})
+        work["tokens"] += tokens
+        work["steps"] += steps
+    return out
+
+
+def _on_policy_work(
+    exp: Experiment, cell: Cell, tokens: int, examples: int, out: dict[tuple[str, str], dict]
+) -> None:
+    """An on_policy adapter's extra work: the student's samples (generation, upper bound) and the
+    teacher's forward passes (a third of training's cost a token: forward only)."""
+    cfg = exp.train.on_policy
+    sampled = int(examples * (1 - cfg.teacher_share) * cfg.max_new_tokens)
+    out.setdefault(("generate", cell.model), {"tokens": 0, "steps": 0})["tokens"] += sampled
+    teacher = out.setdefault(("train", cell.teacher), {"tokens": 0, "steps": 0})  # type: ignore[attr-defined]
+    teacher["tokens"] += tokens // 3
+
+
+def _batch(cfg: Any) -> int:
+    return cfg.per_device_batch_size * cfg.grad_accum * cfg.num_processes
+
+
+def train_steps(exp: Experiment, cell: Cell, sizes: dict[str, dict[str, int]]) -> int:
+    """The optimizer updates an adapter cell runs (at most), at the batch it trains with (a mix
+    may train with its own). Aligned to `updates`, it runs its reference's, counted at the
+    experiment's batch; to `examples` or `tokens`, as many of its own as see the reference's."""
+    tr, own = exp.train, cell.train  # type: ignore[attr-defined]
+    limit = exp.task(cell.task).train_limit or sizes.get(cell.task, {}).get("train", 0)
+
+    def at(batch: int) -> int:
+        return tr.max_steps or math.ceil((tr.epochs or 0) * limit * exp.generate.n / batch)
+
+    align = cell.align  # type: ignore[attr-defined]
+    if align in ("none", "batch"):
+        return at(_batch(own))
+    if align == "updates":
+        return at(_batch(tr))
+    return math.ceil(at(_batch(tr)) * _batch(tr) / _batch(own))
+
+
+def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
+    """Print the plan: cells in run order (grouped by phase, kind, role and model when there are
+    many), their state, what they ask of a machine, and the work to do."""
+    from rich.table import Table
+
+    from harness import devices, progress
+    from harness.workflow.cells import KINDS, PHASES
+
+    grid = grids.expand(exp)
+    cells = sorted(grid.unique(), key=lambda c: c.phase)
+    todo = missing(store, cells)
+    console = progress.console()
+    here = bool(devices.node_gpus())
+    title = (
+        f"{exp.name}: {'cells' if every_cell or len(cells) <= 200 else 'cell groups'} in run order"
+    )
+    if every_cell or len(cells) <= 200:
+        table = Table("#", "phase", "stage", "cell", "key", "state", "needs", title=title)
+        for i, c in enumerate(cells, 1):
+            state = "to run" if c in todo else "complete"
+            table.add_row(
+                str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c, here)
+            )
+    else:
+        table = Table(
+            "phase", "stage", "kind", "role", "model", "cells", "to run", "needs", title=title
+        )
+        groups: dict[tuple, list[Cell]] = {}
+        for c in cells:
+            groups.setdefault((c.phase, c.kind, getattr(c, "role", "") or "", c.model), []).append(
+                c
+            )
+        waiting = {c.key for c in todo}
+        for (phase, kind, role, model), group in groups.items():
+            n_todo = sum(1 for c in group if c.key in waiting)
+            row = (str(phase), PHASES[phase][0], kind, role, model, str(len(group)), str(n_todo))
+            table.add_row(*row, _needs(exp, group[0], here))
+    console.print(table)
+    kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
+    counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
+    console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
+    for k, v in estimate(exp, todo).items():
+        console.print(f"  {k}: {v:,.0f}")
+    console.print(replicates_line(exp))
+    for line in cost_lines(exp, todo):
+        console.print(line)
+    for line in selection_lines(exp, store, grid, todo):
+        console.print(line)
+    for line in detectable_gains(exp, store, grid):
+        console.print(line)
+    return cells
+
+
+def replicates_line(exp: Experiment) -> str:
+    """How many replicates stand behind each teacher: trace draws, training seeds, and how they
+    combine (train.replicates)."""
+    draws, seeds, reps = exp.generate.trace_seeds, exp.train.seeds, exp.replicates()
+    source = "generate.seeds" if exp.generate.seeds is not None else "generate.seed"
+    how = f"{exp.train.replicates}: " if len(draws) > 1 and len(seeds) > 1 else ""
+    return (
+        f"replicates per teacher: {len(reps)} ({how}{len(draws)} trace draw(s), {source} "
+        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
+        f"{', '.join(map(str, seeds))}) for each (task, student, regime)"
+    )
+
+
+def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
+    """Per candidate task (`select:`): its teachers' accuracies, spread and decision, and the work
+    a gated task saves (its cells still to run, besides the select cells)."""
+    decisions = selection.decide(exp, grid, store)
+    if not decisions:
+        return []
+    sel = exp.select
+    lines = [
+        f"task pre-selection ({sel.by} >= {sel.min_points:g} pts, {sel.prompt_style}, "
+        f"{sel.split} split{': [red]a leak, the test items also score the students[/]' if sel.split == 'test' else ''}):"
+    ]
+    saved: list[Cell] = []
+    waiting = [t for t, d in decisions.items() if d.passed is None]
+    if waiting:
+        lines.append(
+            f"  undecided until their select cells run: {len(waiting)} task(s) "
+            f"({', '.join(waiting[:6])}{', …' if len(waiting) > 6 else ''})"
+        )
+    for task, d in decisions.items():
+        if d.passed is None:
+            continue
+        accs = ", ".join(
+            f"{t} {'?' if a is None else f'{100 * a:.1f}'}" for t, a in d.accuracies.items()
+        )
+        state = {None: "undecided", True: "goes on", False: "[yellow]gated[/]"}[d.passed]
+        lines.append(f"  {task}: {state} ({accs}): {d.reason}")
+        if d.runs is False:
+            gate = set(selection.gates(grid)[task])
+            saved += [c for c in todo if c.task == task and c.key not in gate]
+    if saved:
+        counts = {
+            k: sum(1 for c in saved if c.kind == k)
+            for k in ("traces", "dataset", "adapter", "eval")
+        }
+        work = ", ".join(f"{k} {v:,.0f}" for k, v in estimate(exp, saved).items())
+        lines.append(f"  gating saves {len(saved)} cells {counts}: {work}")
+    return lines
+
+
+# A baseline at 50% has the most discordant items, so assuming it where none is measured gives the
+# largest (most cautious) minimum detectable gain.
+_UNMEASURED_BASE = 0.5
+
+
+def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = None) -> list[str]:
+    """One line per task and baseline: the smallest gain over the baseline, and the smallest
+    difference between two teachers, that the report's own rule (harness/stats/teacher_level.py) calls
+    `better` with power 0.8, at this grid's test items, teachers and replicates, with a
+    replicate SD of analysis.replicate_sd (a prior until replicates have run); against the
+    measured baseline of each student, else a 50% one. A warning when the design cannot reach
+    analysis.effect_of_interest, and the replicates that would."""
+    from harness.stats import teacher_level
+
+    a = exp.analysis
+    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    effect = a.effect_of_interest
+    draws = exp.generate.trace_seeds
+    # the rule's replicate unit: a trace draw (its training seeds averaged), else a training seed
+    reps = len(draws) if len(draws) > 1 else len(exp.train.seeds)
+    m = len(exp.teachers)
+    prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
+    designs: dict[tuple[str, int, float | None, float], list[str]] = {}
+    for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
+        t = cell.config.get("task", {})
+        n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
+        base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
+        sd = measured.get((task, student), math.nan)
+        designs.setdefault((task, n, base, sd), []).append(student)
+    lines = [
+        f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
+        f"{m} teacher(s), {reps} replicate(s) each, replicate SD as measured in the last "
+        f"analysis, else {a.replicate_sd:g} pts assumed; effect of interest {effect:g} pts):"
+    ]
+    if reps < a.min_replicates:
+        lines.append(
+            f"  [yellow]{reps} replicate(s) per teacher < analysis.min_replicates "
+            f"{a.min_replicates}: exploratory, no verdict but inconclusive[/]; at "
+            f"{a.min_replicates} replicates:"
+        )
+    planned = max(reps, a.min_replicates)
+    for (task, n, base, sd), students in designs.items():
+        who = f"  {task} / {', '.join(students)}"
+        sd_text = "assumed" if math.isnan(sd) else "measured"
+        sd = prior if math.isnan(sd) else sd
+        if not n:
+            lines.append(f"{who}: test-set size unknown; no MDE")
+            continue
+        source = "not measured yet, assumed" if base is None else "measured"
+        base = _UNMEASURED_BASE if base is None else float(base)
+        gain = teacher_level.minimum_detectable_gain(n, base, planned, sd, m, 1 - a.ci, sims=500)
+        diff = teacher_level.minimum_detectable_difference(
+            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, sims=500
+        )
+        line = (
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), replicate SD "
+            f"{100 * sd:.1f} pts ({sd_text}): gain {_pts(gain)}, teacher vs teacher {_pts(diff)}"
+        )
+        if math.isnan(gain) or gain * 100 > effect:
+            line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
+            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100)
+            line += f" ({more})" if more else ""
+        lines.append(line)
+    return lines
+
+
+def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
+    analysis (teachers with >= 2 replicates, any regime)."""
+    import json
+
+    path = exp.root / "analysis" / "analysis.json"
+    out: dict[tuple[str, str], float] = {}
+    try:
+        groups = json.loads(path.read_text(encoding="utf-8")).get("groups") or []
+    except (OSError, ValueError):
+        return out
+    for g in groups:
+        for t in (g.get("decision") or {}).get("teachers", []):
+            if t.get("n_replicates", 0) >= 2 and t.get("rep_sd") is not None:
+                key = (g["task"], g["student"])
+                out[key] = max(out.get(key, 0.0), float(t["rep_sd"]))
+    return out
+
+
+def _pts(x: float) -> str:
+    return "out of reach" if math.isnan(x) else f"{100 * x:.1f} pts"
+
+
+def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect: float) -> str:
+    """The fewest replicates (up to 20) at which the rule detects `effect` at these items."""
+    from harness.stats import teacher_level
+
+    def reaches(r: int) -> bool:
+        return teacher_level.gain_power(n, base, effect, r, sd, m, alpha, sims=500) >= 0.8
+
+    if not reaches(20):
+        return "20 replicates do not reach it at these test items"
+    r = next(r for r in (3, 5, 8, 12, 20) if reaches(r))
+    return f"{r} replicates would reach it"
+
+
+def device_line() -> str:
+    """The accelerator this machine has, found without importing torch (plan stays fast)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        gpus = [line.split(" (UUID")[0] for line in out.splitlines() if line.startswith("GPU ")]
+        if gpus:
+            return f"this machine: {len(gpus)} GPU(s): {'; '.join(gpus)}"
+    return (
+        "this machine: CPU only (no NVIDIA GPU found): GPU needs and GPU-hours below are what a "
+        "GPU machine would need; here the CPU engines run the cells"
+    )
+
+
+def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
+    """GPU memory each model needs and whether it fits `estimate.gpu_memory_gb` GPUs, then the
+    GPU-hours of each stage (harness/workflow/estimate.py says how they are estimated)."""
+    from harness.workflow import estimate
+
+    lines = [device_line(), f"GPU memory per model (GPUs of {exp.costs.gpu_memory_gb:g} GB):"]
+    students = {m.name for m in exp.students}
+    for m in (*exp.teachers, *exp.students):
+        max_tokens = max(exp.generate.max_tokens, exp.evaluate.max_tokens)
+        serve = estimate.serving_memory(exp, m, max_tokens)
+        if m.served:
+            lines.append(f"  {m.name}: served at {m.engine.base_url} (no GPU memory here)")
+            continue
+        if not serve:
+            lines.append(f"  {m.name}: shape unknown (not on this machine, not in estimate.KNOWN)")
+            continue
+        fit = "fits" if serve["fits"] else "[red]does not fit[/]"
+        dp = serve["replicas"]
+        where = f"{serve['gpus']} GPU" + (f" x {dp} replicas for traces" if dp > 1 else "")
+        lines.append(
+            f"  {m.name}: serve on {where}: weights {serve['weights_gb']:.1f} GB + KV "
+            f"{serve['kv_per_seq_gb']:.2f} GB a sequence ({serve['kv_batch_gb']:.0f} GB for a full "
+            f"batch); {fit} in {serve['have_gb']:.0f} GB, {serve['concurrent_seqs']} sequences at once"
+        )
+        if m.name in students:
+            tr = estimate.training_memory(exp, m)
+            fit = "fits" if tr["fits"] else "[red]does not fit[/]"
+            gc = "on" if tr["checkpointing"] else "off"
+            shard = f" (1/{tr['shards']} each, FSDP)" if tr["shards"] > 1 else ""
+            lines.append(
+                f"  {m.name}: train {exp.train.method}: state {tr['state_gb']:.1f} GB{shard} + "
+                f"activations {tr['activations_gb']:.1f} GB (gradient checkpointing {gc}) = "
+                f"{tr['need_gb']:.1f} GB a process; {fit} in {tr['have_gb']:.0f} GB"
+            )
+    work = work_by_model(exp, cells)
+    tokens = {k: float(v["tokens"]) for k, v in work.items()}
+    hours = estimate.gpu_hours(exp, tokens)
+    sources = sorted({estimate.tokens_per_s(exp, exp.model(m), st)[1] for st, m in work
+                      if not exp.model(m).served})  # fmt: skip
+    lines.append(f"GPU-hours to run (upper bounds; throughput: {', '.join(sources) or '-'}):")
+    for stage in ("generate", "evaluate", "train"):
+        if stage in hours:
+            lines.append(f"  {stage}: {hours[stage]:,.1f}")
+    lines.append(f"  total: {sum(hours.values()):,.1f}")
+    for model, cost in estimate.served_cost(exp, tokens).items():
+        price = "no price in estimate.prices" if cost != cost else f"at most {cost:,.2f}"
+        lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
+    return lines
+
+
+def _needs(exp: Experiment, c: Cell, gpus_here: bool = True) -> str:
+    """What a cell asks of a machine; on one without GPUs, that a GPU machine would be asked."""
+    r = c.resources(exp)
+    mem = f", {r['memory_gb']:g} GB" if r["memory_gb"] else ""
+    gpus = f"{r['gpus']:g} GPU"
+    if r["gpus"] and not gpus_here:
+        gpus = f"CPU here ({gpus} on a GPU machine)"
+    return f"{gpus}, {r['cpus']:g} CPU{mem}"

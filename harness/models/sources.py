@@ -1,0 +1,226 @@
+"""Where a teacher or student lives, and what identifies its weights in a cell key.
+
+    python -c "from harness.models.sources import resolve; ..."
+
+A model entry's `path` is a local directory, a hub id (`Qwen/Qwen2.5-0.5B-Instruct`),
+`sandbox:<name>` for the tiny zoo that `cotgap sandbox build` pretrains here, or `gguf:<file or
+installed package>` for a quantised GGUF file, de-quantised once (harness/models/gguf.py). Each kind of
+path is one row of SOURCES: how to recognise it, what identifies it, where its directory is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from harness.config.schema import ModelSpec
+from harness.errors import UserError
+from harness.models import gguf
+
+SANDBOX_PREFIX = "sandbox:"
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def _weights_fingerprint(d: Path) -> str:
+    """Hash of config.json plus the names and sizes of weight files: cheap even for 70B checkpoints."""
+    h = hashlib.sha256()
+    cfg = d / "config.json"
+    if cfg.exists():
+        h.update(cfg.read_bytes())
+    for p in sorted(d.iterdir()):
+        if p.suffix in (".safetensors", ".bin", ".json") and p.is_file():
+            h.update(f"{p.name}:{p.stat().st_size}".encode())
+    return h.hexdigest()[:16]
+
+
+def _zoo_name(spec: ModelSpec) -> str:
+    from harness.sandbox import zoo
+
+    name = spec.path.removeprefix(SANDBOX_PREFIX)
+    if name not in zoo.ZOO:
+        raise UserError(
+            f"model {spec.name!r}: unknown sandbox model {name!r}; fix the path in the config "
+            f"(valid: {', '.join(sorted(zoo.ZOO))})."
+        )
+    return name
+
+
+def _sandbox_id(spec: ModelSpec) -> dict[str, Any]:
+    from harness.sandbox import zoo
+
+    return {"sandbox": zoo.model_id(_zoo_name(spec))}
+
+
+def _sandbox_dir(spec: ModelSpec) -> str:
+    from harness.sandbox import zoo
+
+    if not zoo.is_built(name := _zoo_name(spec)):
+        raise UserError(
+            f"model {spec.name!r}: sandbox model {name!r} is not built yet; run `cotgap sandbox build`."
+        )
+    return str(zoo.model_dir(name))
+
+
+def _gguf_ref(spec: ModelSpec) -> tuple[str, str]:
+    return spec.path.removeprefix(gguf.PREFIX), f"model {spec.name!r}"
+
+
+def _local_id(spec: ModelSpec) -> dict[str, Any]:
+    d = Path(spec.path).expanduser().resolve()
+    return {"local": str(d), "fingerprint": _weights_fingerprint(d)}
+
+
+def _local_dir(spec: ModelSpec) -> str:
+    d = Path(spec.path).expanduser().resolve()
+    if not (d / "config.json").exists():
+        raise UserError(
+            f"model {spec.name!r}: {d} has no config.json; point path at a Hugging Face model directory."
+        )
+    return str(d)
+
+
+def _missing(spec: ModelSpec) -> Any:
+    raise UserError(
+        f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
+        "in the config, or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
+    )
+
+
+# the hub's repository ids: org/name, each part letters, digits, '-', '_', '.' (no '--' or '..',
+# no leading or trailing '-' or '.'), at most 96 characters each
+_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
+
+
+def _hub_id(spec: ModelSpec) -> dict[str, Any]:
+    path = spec.path
+    if not _REPO_ID.match(path) or "--" in path or ".." in path or path.endswith(".git"):
+        raise UserError(
+            f"model {spec.name!r}: path {path!r} is neither an existing directory nor a hub id "
+            "(org/name: letters, digits, '-', '_' and '.'); fix the path in the config."
+        )
+    return {"hub": path, "revision": spec.revision or "main"}
+
+
+def _hub_dir(spec: ModelSpec) -> str:
+    _hub_id(spec)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(spec.path, revision=spec.revision, local_files_only=_offline())
+    except Exception as e:  # huggingface_hub raises several unrelated types for "not available"
+        if _offline():
+            raise UserError(
+                f"model {spec.name!r}: {spec.path!r} is a hub id, but this machine is offline "
+                "(HF_HUB_OFFLINE=1) and it is not in the local cache; download it elsewhere and set "
+                "path to the local directory."
+            ) from None
+        raise UserError(
+            f"model {spec.name!r}: could not fetch {spec.path!r} from the hub: {e}"
+        ) from None
+
+
+def _served_id(spec: ModelSpec) -> dict[str, Any]:
+    """A served model is its server's model name and how it is asked; with a local `path` (its
+    tokenizer, for endpoint completions) what identifies that path as well. The server's address
+    is not part of it: the same model served elsewhere gives the same outputs."""
+    ident: dict[str, Any] = {"served": spec.engine.model, "endpoint": spec.engine.endpoint}
+    if spec.path:
+        ident["tokenizer"] = _local_source(spec).identity(spec)
+    return ident
+
+
+def _served_dir(spec: ModelSpec) -> str:
+    if not spec.path:
+        raise UserError(
+            f"model {spec.name!r} is served (engine.kind: openai) and has no local files; give "
+            "its `path` where a local copy of its tokenizer is needed."
+        )
+    return _local_source(spec).resolve(spec)
+
+
+def _local_source(spec: ModelSpec) -> Source:
+    """Where a served model's `path` points (its tokenizer): the source it would have unserved."""
+    return next(src for name, src in SOURCES.items() if name != "served" and src.matches(spec))
+
+
+class Source(NamedTuple):
+    matches: Callable[[ModelSpec], bool]
+    identity: Callable[[ModelSpec], dict[str, Any]]  # what names the weights in cell keys
+    resolve: Callable[[ModelSpec], str]  # the local directory, converted or downloaded first
+    on_machine: bool  # resolve never downloads (param_count may call it)
+
+
+# The first that matches wins.
+SOURCES: dict[str, Source] = {
+    "served": Source(lambda s: s.served, _served_id, _served_dir, True),
+    "sandbox": Source(lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True),
+    "gguf": Source(
+        lambda s: s.path.startswith(gguf.PREFIX),
+        lambda s: {"gguf": gguf.provenance(*_gguf_ref(s))},
+        lambda s: str(gguf.convert(*_gguf_ref(s))),
+        True,
+    ),
+    "local": Source(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
+    "missing": Source(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
+    "hub": Source(lambda s: True, _hub_id, _hub_dir, False),
+}
+
+
+def source(spec: ModelSpec) -> Source:
+    return next(src for src in SOURCES.values() if src.matches(spec))
+
+
+def identity(spec: ModelSpec) -> dict[str, Any]:
+    """What changes a model's outputs: its weights and how it is prompted and run (not its name)."""
+    if spec.served:
+        return {**_served_id(spec), "chat_template": spec.chat_template}
+    return {
+        **source(spec).identity(spec),
+        "chat_template": spec.chat_template,
+        "trust_remote_code": spec.trust_remote_code,
+        "dtype": spec.engine.dtype,
+        "quantization": spec.engine.quantization,
+        "max_model_len": spec.engine.max_model_len,
+    }
+
+
+def resolve(spec: ModelSpec) -> str:
+    """A local directory holding the model: converted from GGUF or downloaded on first use."""
+    return source(spec).resolve(spec)
+
+
+def param_count(spec: ModelSpec) -> int | None:
+    """Parameters in the model's safetensors files, read from their headers (no weights loaded).
+
+    None when the model is not on this machine (a hub id missing from the local cache: nothing is
+    downloaded for this) or has no safetensors files.
+    """
+    from safetensors import safe_open
+
+    try:
+        if source(spec).on_machine:
+            d = Path(resolve(spec))
+        else:
+            from huggingface_hub import snapshot_download
+
+            d = Path(snapshot_download(spec.path, revision=spec.revision, local_files_only=True))
+    except Exception:  # not available locally, for whatever reason: the size stays unknown
+        return None
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with safe_open(f, framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                total += math.prod(st.get_slice(name).get_shape())
+    return total

@@ -1,0 +1,1 @@
+"""Presentation: the viewer, exports and experiment tracking."""

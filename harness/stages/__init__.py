@@ -1,0 +1,1 @@
+"""Stages: one module per cell kind (traces, eval, dataset, screen, adapter)."""

@@ -1,0 +1,1 @@
+"""Statistics: per-adapter summaries and the teacher-level inference every answer rests on."""

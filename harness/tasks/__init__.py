@@ -1,0 +1,1 @@
+"""Tasks: task files to items and prompts, answer extraction, and scoring."""
