@@ -9,9 +9,8 @@ Prints, as Markdown tables for benchmarks/README.md:
    same without pooling the replicate variance over the group's teachers (the ablation);
 2. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
-3. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed);
-4. the capacity-gap test's false-positive rate when teachers have effects unrelated to accuracy
-   that every student of a task shares, and the naive test that treats groups as independent.
+3. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed).
+(The cross-group tests are benchmarks/studies.py's.)
 The synthetic model is `inference.simulate`; tests/test_inference.py asserts the bounds.
 """
 
@@ -20,7 +19,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from scipy import stats
 
 from harness.stats import teacher_level as inf
 
@@ -83,44 +81,13 @@ def power() -> list[str]:
     return lines
 
 
-def capacity(runs: int) -> list[str]:
-    rng = np.random.default_rng(0)
-    perm = naive = 0
-    for _ in range(runs):
-        values, prop, clusters = {}, {}, {}
-        rhos = []
-        for c in range(3):
-            acc, eff = rng.uniform(0.3, 0.9, 4), rng.normal(0, 0.05, 4)
-            for t in range(4):
-                prop[f"c{c}", f"t{t}"] = acc[t]
-            for s in range(2):
-                for regime in ("a", "b"):
-                    g = f"c{c}/{s}/{regime}"
-                    clusters[g] = f"c{c}"
-                    ys = eff + rng.normal(0, 0.01, 4)
-                    for t in range(4):
-                        values[g, f"t{t}"] = ys[t]
-                    rhos.append(stats.spearmanr(acc, ys).statistic)
-        perm += inf.teacher_permutation_test(values, prop, clusters)["p"] <= 0.05
-        flip = stats.permutation_test((np.array(rhos),), np.mean, permutation_type="samples",
-                                      n_resamples=4095, rng=rng)  # fmt: skip
-        naive += flip.pvalue <= 0.05
-    return [
-        "| test | false-positive rate |",
-        "|---|---|",
-        f"| teacher permutation (cotgap) | {perm / runs:.3f} |",
-        f"| sign-flip over groups treated as independent | {naive / runs:.3f} |",
-    ]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=600)
     runs = p.parse_args().runs
     for title, lines in (("Family-wise error, four equal teachers (baseline 30%)", fwer(runs)),
                          ("Coverage, 3 replicates, 2-point replicate SD", coverage(runs)),
-                         ("Power at the stated MDE", power()),
-                         ("Capacity-gap test, teacher effects shared across students", capacity(runs))):  # fmt: skip
+                         ("Power at the stated MDE", power())):  # fmt: skip
         print(f"\n### {title}\n")
         print("\n".join(lines))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,27 +34,39 @@ def teacher_grid(
     teachers: int = 5,
     teacher_sd: float = 0.03,
     noise_sd: float = 0.02,
+    students: int = 3,
+    quality_sd: float = 0.0,
+    teacher_student_sd: float = 0.0,
 ) -> pd.DataFrame:
-    """A teacher-level frame (studies.teacher_frame's columns) with known truth: per task,
-    teachers of accuracies spread over 20-90%, a teacher effect (SD `teacher_sd`) every student of
-    the task shares, per (task, student) an effect, and `gain(acc, log10 student size, log2
-    examples)` (fractions) on top. Training-set size grows with accuracy, with its own noise."""
+    """A teacher-level frame (studies.teacher_frame's columns) with known truth. Teachers keep
+    their order of accuracy on every task (t0 the weakest; accuracies over 20-90%, drawn per
+    task); `students` sizes from 1e8 to 1e10. The gain is `gain(acc, log10 student size, log2
+    examples)` (fractions) plus the effects that make a null hard: a teacher quality the same on
+    every task and student (SD `quality_sd`), a teacher x task effect every student of the task
+    shares (SD `teacher_sd`), a teacher x student effect the same on every task (SD
+    `teacher_student_sd`), a (task, student) effect and noise; none is related to the property
+    under test. Training-set size grows with accuracy, with its own noise."""
+    sizes = np.logspace(8, 10, students)
+    quality = rng.normal(0, quality_sd, teachers)
+    by_student = rng.normal(0, teacher_student_sd, (students, teachers))
     rows = []
     for k in range(tasks):
         acc = np.sort(rng.uniform(0.2, 0.9, teachers))
         log_n = 6 + 2 * acc + rng.normal(0, 0.8, teachers)
         shared = rng.normal(0, teacher_sd, teachers)
-        for size in SIZES:
+        for i, size in enumerate(sizes):
             ls = np.full(teachers, np.log10(size))
             g = (
                 gain(acc, ls, log_n)
+                + quality
+                + by_student[i]
                 + shared
                 + rng.normal(0, 0.02)
                 + rng.normal(0, noise_sd, teachers)
             )
             for t in range(teachers):
                 rows.append(
-                    {"task": f"task{k}", "student": f"s{int(ls[0])}", "regime": "per_teacher",
+                    {"task": f"task{k}", "student": f"s{i}", "regime": "per_teacher",
                      "teacher": f"t{t}", "post_acc": 0.3 + g[t], "gain": g[t], "gain_low": np.nan,
                      "gain_high": np.nan, "verdict": None, "base_acc": 0.3,
                      "teacher_acc": acc[t], "teacher_size": 1e9 * (t + 1), "student_size": size,
@@ -69,46 +82,81 @@ def _none(acc: np.ndarray, ls: np.ndarray, log_n: np.ndarray) -> np.ndarray:
 # --- per analysis: does one run claim an effect? -------------------------------------------------
 
 
-def stronger_claims(rng: np.random.Generator, planted: bool) -> bool:
+def claimed(word: str) -> bool:
+    """Whether a reading states a direction (neither too few nor inconclusive)."""
+    return not word.startswith(st.TOO_FEW) and word != teacher_level.INCONCLUSIVE
+
+
+def stronger_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
     """The win-rate trend: planted, post rises with teacher accuracy (the stronger teacher wins
     more often the larger the gap); null, post is unrelated to accuracy."""
-    frame = teacher_grid(rng, (lambda a, s, n: 0.25 * a) if planted else _none)
-    fit = st.win_rate_fit(st.teacher_pairs(frame), ALPHA, (0, 20, 40, 100))
-    return fit["trend"] not in (st.TOO_FEW, teacher_level.INCONCLUSIVE)
+    frame = teacher_grid(rng, (lambda a, s, n: 0.25 * a) if planted else _none, **grid)
+    return claimed(st.win_rate_fit(frame, ALPHA, (0, 20, 40, 100))["trend"])
 
 
-def quantity_claims(rng: np.random.Generator, planted: bool) -> bool:
-    """The training-set-size term: planted, +2.5 points per doubling of examples; null, none
-    (teacher accuracy still matters: 10 points of gain over the accuracy range)."""
+def bins_claim(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """Any of the win-rate bins: planted and null as for the trend."""
+    frame = teacher_grid(rng, (lambda a, s, n: 0.25 * a) if planted else _none, **grid)
+    return any(
+        claimed(b["reading"]) for b in st.win_rate_fit(frame, ALPHA, (0, 20, 40, 100))["bins"]
+    )
+
+
+def quantity_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """The training-set-size term: planted, +2.5 points per doubling of examples; null, none."""
 
     def gain(a: np.ndarray, s: np.ndarray, n: np.ndarray) -> np.ndarray:
-        return 0.15 * a + (0.025 * n if planted else 0)
+        return 0.025 * n if planted else 0 * a
 
-    coefs, _ = st.size_and_accuracy(teacher_grid(rng, gain), ALPHA)
-    return st.direction(coefs["examples"], "up", "down") in ("up", "down")
+    tests, _ = st.size_and_accuracy(teacher_grid(rng, gain, **grid), ALPHA)
+    return claimed(st.claim(tests["examples"], "up", "down"))
 
 
-def interaction_claims(rng: np.random.Generator, planted: bool) -> bool:
-    """Student size x teacher accuracy: planted, a strong teacher pays 14 points more for a
-    100-fold larger student (accuracy range 70 points); null, no interaction, but the teacher
-    effects every student shares are large."""
+def accuracy_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """The teacher-accuracy term of quantity vs quality: planted, +2.5 points of gain per 10
+    points of accuracy; null, none."""
+
+    def gain(a: np.ndarray, s: np.ndarray, n: np.ndarray) -> np.ndarray:
+        return 0.25 * a if planted else 0 * a
+
+    tests, _ = st.size_and_accuracy(teacher_grid(rng, gain, **grid), ALPHA)
+    return claimed(st.claim(tests["accuracy"], "up", "down"))
+
+
+def interaction_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """Student size x teacher accuracy, 5 students by default (fewer can never reach p <= 0.05):
+    planted, a strong teacher pays 14 points more for a 100-fold larger student (accuracy
+    range 70 points); null, no interaction, but teacher
+    effects (and in the grids of `NULLS`, teacher x student effects) unrelated to size."""
 
     def gain(a: np.ndarray, s: np.ndarray, n: np.ndarray) -> np.ndarray:
         return 0.1 * (a - 0.55) * (s - 9) if planted else 0.1 * a
 
-    got = st.size_interaction(teacher_grid(rng, gain, teacher_sd=0.05), ALPHA)
-    return st.direction(got["estimate"], "up", "down") in ("up", "down")
+    grid = {"teacher_sd": 0.05, "students": 5, **grid}
+    got = st.size_interaction(teacher_grid(rng, gain, **grid), ALPHA)
+    return claimed(st._interaction_words(got, ALPHA)[0])
 
 
-def inverted_u_claims(rng: np.random.Generator, planted: bool) -> bool:
+def inverted_u_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
     """Inverted U: planted, gain peaks at 55% teacher accuracy, 10 points above the ends; null,
     gain rises steadily with accuracy (monotone: no U)."""
 
     def gain(a: np.ndarray, s: np.ndarray, n: np.ndarray) -> np.ndarray:
         return -0.8 * (a - 0.55) ** 2 if planted else 0.1 * a
 
-    got = st.inverted_u(teacher_grid(rng, gain, teachers=8), ALPHA)
+    got = st.inverted_u(teacher_grid(rng, gain, **{"teachers": 8, **grid}), ALPHA)
     return got["status"] == "inverted U"
+
+
+def capacity_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """The report's capacity-gap test (gain against teacher accuracy, mean within-group rho):
+    planted, +2.5 points of gain per 10 points of accuracy; null, none."""
+    from harness.analysis import analyze
+    from harness.config.schema import AnalysisConfig
+
+    frame = teacher_grid(rng, (lambda a, s, n: 0.25 * a) if planted else _none, **grid)
+    got = analyze.capacity_gap(AnalysisConfig(), frame)["gain~teacher_acc"]
+    return bool(got["rejects"])
 
 
 def _draws(arm: np.ndarray, s: int) -> list[np.ndarray]:
@@ -161,11 +209,12 @@ def mix_claims(rng: np.random.Generator, planted: bool, runs: int = 1) -> list[b
     return out
 
 
-def selection_claims(rng: np.random.Generator, planted: bool) -> bool:
-    """Selected against gated tasks (6 and 6): planted, teachers gain 8 points more on the
+def selection_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bool:
+    """Selected against gated tasks (half and half: 6 and 6 by default): planted, teachers gain 8 points more on the
     selected; null, the same, under task and teacher effects."""
-    frame = teacher_grid(rng, _none)
-    selected = {f"task{k}": k < 6 for k in range(12)}
+    frame = teacher_grid(rng, _none, **grid)
+    tasks = frame["task"].unique()
+    selected = {t: k < len(tasks) // 2 for k, t in enumerate(tasks)}
     if planted:
         frame["gain"] += frame["task"].map(selected) * 0.08
     sel = [{"task": t, "passed": p} for t, p in selected.items()]
@@ -174,8 +223,11 @@ def selection_claims(rng: np.random.Generator, planted: bool) -> bool:
 
 
 PER_RUN = {
+    "capacity gap (report): gain vs teacher accuracy": capacity_claims,
     "stronger vs weaker teacher: win-rate trend": stronger_claims,
+    "stronger vs weaker teacher: any win-rate bin": bins_claim,
     "quantity vs quality: examples term": quantity_claims,
+    "quantity vs quality: accuracy term": accuracy_claims,
     "capacity gap: student size x teacher accuracy": interaction_claims,
     "capacity gap: inverted U (two lines)": inverted_u_claims,
     "task pre-selection: selected − gated": selection_claims,
@@ -187,12 +239,13 @@ VECTORISED = {
 }
 
 
-def rate(name: str, planted: bool, runs: int, seed: int = 0) -> float:
-    """Share of `runs` synthetic grids in which analysis `name` claims an effect."""
+def rate(name: str, planted: bool, runs: int, seed: int = 0, **grid: Any) -> float:
+    """Share of `runs` synthetic grids (teacher_grid's shape and effects: `grid`) in which
+    analysis `name` claims an effect."""
     rng = np.random.default_rng(seed)
     if name in VECTORISED:
         return float(np.mean(VECTORISED[name](rng, planted, runs)))
-    return float(np.mean([PER_RUN[name](rng, planted) for _ in range(runs)]))
+    return float(np.mean([PER_RUN[name](rng, planted, **grid) for _ in range(runs)]))
 
 
 def main() -> None:

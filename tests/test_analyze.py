@@ -515,7 +515,8 @@ def test_report_states_what_the_data_say(built) -> None:
     assert f"{n_deg} of 12 single adapters" in degraded
     gap = _section(report, "Capacity gap")
     assert "the strongest teacher (by accuracy) is in the best set in 2 of 2 groups" in gap
-    assert "too few teachers to tell" in gap and "one relation, not two" in gap
+    assert "too few teachers (the smallest possible p is 0.333; it needs ≥ 5" in gap
+    assert "one relation, not two" in gap
     assert "a relation" not in gap.replace("one relation", "")
     v = _vectors("s_a", "per_teacher")
     low, high = interval_by_hand(v["t_large"], v["t_small"])
@@ -811,7 +812,7 @@ def _confounded_means(rng: np.random.Generator, tasks: int = 6, teachers: int = 
 
 def test_capacity_gap_ignores_a_planted_confounder() -> None:
     a = AnalysisConfig()
-    means = _confounded_means(np.random.default_rng(1))
+    means = _confounded_means(np.random.default_rng(1), teachers=6)
     pooled = analyze.correlations(a, means)
     assert pooled["gain~teacher_acc"]["p"] < 0.001 and pooled["gain~teacher_acc"]["low"] > 0.5
     gap = analyze.capacity_gap(a, means)
@@ -822,9 +823,14 @@ def test_capacity_gap_ignores_a_planted_confounder() -> None:
     planted = means.assign(gain=means["gain"] + 0.5 * means["teacher_acc"])
     assert analyze.capacity_gap(a, planted)["gain~teacher_acc"]["p"] < 0.01
     # sizes unrelated to accuracy: two relations, reported apart
-    shuffled = means.assign(teacher_size=means["teacher"].map({"t0": 3e9, "t1": 1e8,
-                                                                "t2": 7e9, "t3": 1e9}))  # fmt: skip
+    shuffled = means.assign(teacher_size=means["teacher"].map({"t0": 3e9, "t1": 1e8, "t2": 7e9,
+                                                                "t3": 1e9, "t4": 5e8,
+                                                                "t5": 2e9}))  # fmt: skip
     assert analyze.capacity_gap(a, shuffled)["collinear"] is False
+    # four teachers: 4! orders of their labels over the whole grid cannot reach 0.05
+    four = analyze.capacity_gap(a, planted[planted["teacher"].isin(["t0", "t1", "t2", "t3"])])
+    assert four["gain~teacher_acc"]["too_few"] and four["gain~teacher_acc"]["needed"] == 5
+    assert not four["gain~teacher_acc"]["rejects"]
 
 
 def test_seed_sd_is_the_noise_floor_of_teacher_means() -> None:

@@ -30,21 +30,24 @@ def not_above_alpha(rate: float, runs: int, alpha: float = 0.05) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("name", "null_runs", "planted_runs"),
+    ("name", "null_runs", "planted_runs", "grid"),
     [
-        ("stronger vs weaker teacher: win-rate trend", 40, 10),
-        ("quantity vs quality: examples term", 80, 10),
-        ("capacity gap: student size x teacher accuracy", 60, 10),
-        ("capacity gap: inverted U (two lines)", 80, 10),
-        ("task pre-selection: selected − gated", 100, 10),
-        ("regime flips: change of A − B", 300, 30),
-        ("family average: gain", 300, 30),
-        ("mix against its parts (any of 2)", 300, 30),
+        ("capacity gap (report): gain vs teacher accuracy", 40, 10, {}),
+        ("stronger vs weaker teacher: win-rate trend", 40, 10, {"teachers": 7}),
+        ("stronger vs weaker teacher: any win-rate bin", 40, 10, {}),
+        ("quantity vs quality: examples term", 80, 10, {}),
+        ("quantity vs quality: accuracy term", 80, 10, {}),
+        ("capacity gap: student size x teacher accuracy", 60, 10, {}),
+        ("capacity gap: inverted U (two lines)", 80, 10, {}),
+        ("task pre-selection: selected − gated", 100, 10, {}),
+        ("regime flips: change of A − B", 300, 30, {}),
+        ("family average: gain", 300, 30, {}),
+        ("mix against its parts (any of 2)", 300, 30, {}),
     ],
 )
-def test_finds_a_planted_effect_and_keeps_its_error_rate(name, null_runs, planted_runs):
-    assert bench.rate(name, True, planted_runs, seed=2) >= 0.8
-    null = bench.rate(name, False, null_runs, seed=1)
+def test_finds_a_planted_effect_and_keeps_its_error_rate(name, null_runs, planted_runs, grid):
+    assert bench.rate(name, True, planted_runs, seed=2, **grid) >= 0.8
+    null = bench.rate(name, False, null_runs, seed=1, **grid)
     assert not_above_alpha(null, null_runs), f"{name}: {null:.3f} of {null_runs} null runs"
 
 
@@ -86,34 +89,63 @@ def test_a_flip_counts_only_where_both_answers_are_shown(ref, other, status):
     assert got["status"] == status
 
 
-def test_win_rate_bins_cover_every_pair_and_say_too_few_below_two_tasks():
+def test_win_rate_bins_cover_every_pair_and_say_too_few_with_three_teachers():
     frame = bench.teacher_grid(np.random.default_rng(0), lambda a, s, n: 0.3 * a, tasks=1)
     pairs = st.teacher_pairs(frame)
     assert len(pairs) == 3 * 10  # 3 students x C(5, 2) pairs of distinct accuracies
     assert (pairs["gap"] > 0).all()
-    fit = st.win_rate_fit(pairs, 0.05, (0, 20, 40, 100))
-    assert sum(b["n_pairs"] for b in fit["bins"]) == len(pairs)
-    assert fit["slope"] is None and fit["trend"] == st.TOO_FEW
+    fit = st.win_rate_fit(frame, 0.05, (0, 20, 40, 100))
+    assert sum(b["n_pairs"] for b in fit["bins"]) == fit["n_pairs"] == len(pairs)
+    wins = pairs.assign(w=pairs["win"]).groupby(pd.cut(pairs["gap"], [0, 20, 40, 100]))["w"]
+    assert [b["win_rate"] for b in fit["bins"]] == pytest.approx(wins.mean().tolist())
+    # one task, five teachers: the trend is testable (5! orders) though a single task
+    assert fit["test"]["n_permutations"] == 120 and not fit["test"]["too_few"]
+    three = st.win_rate_fit(frame[frame["teacher"].isin(["t0", "t2", "t4"])], 0.05, (0, 100))
+    assert three["trend"].startswith("too few teachers (3") and "needs ≥ 5" in three["trend"]
+    assert three["bins"][0]["reading"].startswith(st.TOO_FEW)
 
 
 def test_inverted_u_needs_teachers_on_both_sides_of_the_peak():
     rng = np.random.default_rng(0)
     hump = bench.teacher_grid(rng, lambda a, s, n: -0.8 * (a - 0.55) ** 2, teachers=8)
-    assert st.inverted_u(hump, 0.05)["status"] == "inverted U"
+    got = st.inverted_u(hump, 0.05)
+    assert got["status"] == "inverted U"
+    assert got["rising"]["statistic"] > 0 > got["falling"]["statistic"]
     # two teachers a group: at most one on a side of a peak inside their range
     few = hump[hump["teacher"].isin(["t0", "t7"])]
     assert st.inverted_u(few, 0.05)["status"] in (st.TOO_FEW, "no inverted U")
+    # three teachers: 3! orders cannot reach a one-sided 5%
+    three = st.inverted_u(hump[hump["teacher"].isin(["t0", "t3", "t7"])], 0.05)
+    assert three["status"] in (st.TOO_FEW, "no inverted U")
 
 
-def test_size_interaction_needs_two_student_sizes():
+def test_size_interaction_takes_the_student_as_its_unit():
     frame = bench.teacher_grid(np.random.default_rng(0), lambda a, s, n: 0.1 * a)
-    one = frame[frame["student_size"] == 1e9]
+    one = frame[frame["student_size"] == frame["student_size"].min()]
     got = st.size_interaction(one, 0.05)
     assert got["estimate"] is None and got["n_students"] == 1
     three = st.size_interaction(frame, 0.05, "teacher_size")
     assert three["estimate"] is not None and three["smallest_p"] == pytest.approx(1 / 3)
-    _, reading = st._interaction_words(three, 0.05)
-    assert "reaches at best p = 0.33" in reading
+    word, reading = st._interaction_words(three, 0.05)
+    assert word.startswith("too few students (3") and "needs ≥ 5" in word
+    assert "student-level p = " in reading
+    # the estimate is the two-way within regression's coefficient, computed by hand
+    df = frame.assign(z=np.log10(frame["teacher_size"]) * np.log10(frame["student_size"]),
+                      y=100 * frame["gain"])  # fmt: skip
+    w = df[["y", "z"]]
+    for _ in range(20):
+        w = w - w.groupby([df["task"], df["student"]]).transform("mean")
+        w = w - w.groupby([df["task"], df["teacher"]]).transform("mean")
+    assert three["estimate"] == pytest.approx((w["y"] * w["z"]).sum() / (w["z"] ** 2).sum())
+
+
+def test_a_teacher_by_student_effect_is_not_a_size_interaction():
+    """Teacher x student effects unrelated to size, five students: the student-level test keeps
+    its level where a fit that takes tasks as its unit (a jackknife over tasks) cannot."""
+    runs = 60
+    claims = [bench.rate("capacity gap: student size x teacher accuracy", False, 1, seed=s,
+                         teacher_student_sd=0.05) for s in range(runs)]  # fmt: skip
+    assert not_above_alpha(float(np.mean(claims)), runs)
 
 
 def test_quantity_and_quality_are_one_relation_when_they_move_together():

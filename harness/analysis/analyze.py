@@ -31,7 +31,7 @@ from harness.analysis import screening, spend
 from harness.config.schema import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
 from harness.models import sources as models
-from harness.stats import adapters, teacher_level
+from harness.stats import adapters, grid_level, teacher_level
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from harness.tasks import answers, scoring
 from harness.workflow import grid as grids
@@ -708,24 +708,24 @@ def correlations(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, dict[str, 
 def capacity_gap(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
     """Is the teachers' gain related to their accuracy, or to their size, at the teacher level?
 
-    Students of a task share its teachers' traces, so a teacher's effect is shared by every group
-    of the task: `teacher_level.teacher_permutation_test` permutes the property among the task's
-    teachers, once for all its groups. When accuracy and size order every task's teachers the
-    same way the two are one relation (`collinear`), reported once."""
+    The statistic is the mean over groups of the within-group Spearman rho of gain and the
+    property; its null is every order of the teachers' labels, one order applied on every task,
+    student and regime of the grid (grid_level.permutation_test): a teacher good everywhere
+    counts once, not once per task or student. Groups lacking one of the grid's teachers are
+    left out. When accuracy and size order every task's teachers the same way the two are one
+    relation (`collinear`), reported once."""
     have = means.dropna(subset=["gain"])
-    if have.empty:
-        none = teacher_level.teacher_permutation_test({}, {}, {})
-        return {"gain~teacher_acc": none, "gain~teacher_size": none, "collinear": False}
-    group = have[_GROUP].astype(str).agg("/".join, axis=1)
-    values = {(g, t): v for g, t, v in zip(group, have["teacher"], have["gain"], strict=True)}
-    clusters = dict(zip(group, have["task"], strict=True))
     out: dict[str, Any] = {}
     for x in ("teacher_acc", "teacher_size"):
-        col = np.log10(have[x].astype(float)) if x == "teacher_size" else have[x].astype(float)
-        prop = {(c, t): v for c, t, v in zip(have["task"], have["teacher"], col, strict=True)}
-        out[f"gain~{x}"] = teacher_level.teacher_permutation_test(
-            values, prop, clusters, 1 - a.ci, seed=a.seed
-        )
+        prop = have.assign(prop=np.log10(have[x].astype(float)) if x == "teacher_size"
+                           else have[x].astype(float))  # fmt: skip
+        keys, teachers, arr = grid_level.block(prop, ["gain", "prop"], by=_GROUP)
+        n = len(teachers) if len(keys) else 0
+        stat = grid_level.mean_rank_correlation(arr["gain"], arr["prop"])
+        test = grid_level.permutation_test(stat, n, 1 - a.ci, seed=a.seed)
+        used = (np.ptp(arr["gain"], axis=1) > 0) & (np.ptp(arr["prop"], axis=1) > 0)
+        out[f"gain~{x}"] = {**test.as_dict(), "rho": test.statistic, "n_teachers": n,
+                            "n_groups": int(used.sum()) if n else 0}  # fmt: skip
     per_task = have.drop_duplicates(["task", "teacher"])
     rhos = [
         adapters.spearman_exact(t["teacher_acc"], t["teacher_size"]).rho

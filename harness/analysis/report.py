@@ -354,9 +354,10 @@ def _capacity_gap(r: dict[str, Any]) -> str:
     parts = [
         "## Capacity gap",
         "Is a teacher's gain related to its accuracy or size? Tested with teachers as the unit: "
-        "the mean within-group Spearman rho of gain and the property, against all permutations "
-        "of the property among each task's teachers (one permutation for every student of the "
-        "task, whose traces they share). Where the design cannot reach p ≤ 0.05 the test says so.",
+        "the mean within-group Spearman rho of gain and the property, against every order of "
+        "the teachers' labels, one order applied on every task, student and regime (a teacher "
+        "good everywhere counts once). Where this many teachers cannot reach the level the test "
+        "says 'too few' and how many it needs.",
     ]
     for reg, o in overall.items():
         cg = o["capacity_gap"]
@@ -427,13 +428,19 @@ def _topk_size(r: dict[str, Any]) -> str:
 
 def _perm(t: dict[str, Any]) -> str:
     if _nan(t["rho"]):
-        return "not defined (fewer than 3 teachers, or no spread)"
+        return "not defined (fewer than 2 teachers in every group, or no spread)"
     text = (
-        f"mean rho {t['rho']:+.2f}, teacher-permutation p={pval(t['p'])} ({t['n_groups']} groups)"
+        f"mean rho {t['rho']:+.2f}, teacher-permutation p={pval(t['p'])} ({t['n_teachers']} "
+        f"teachers, {t['n_groups']} groups)"
     )
     if t["too_few"]:
-        return text + f": too few teachers to tell (smallest possible p {t['smallest_p']:.3f})"
-    return text + (": a relation" if t["p"] <= 0.05 else ": no evidence of a relation")
+        return text + (
+            f": too few teachers (the smallest possible p is {t['smallest_p']:.3f}; it needs ≥ "
+            f"{t['needed']} teachers)"
+        )
+    if not t["rejects"]:
+        return text + ": inconclusive"
+    return text + (": gain rises with it" if t["rho"] > 0 else ": gain falls with it")
 
 
 _LABELS = {

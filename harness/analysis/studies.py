@@ -5,7 +5,7 @@ that says "inconclusive" where the data cannot tell.
     cotgap analyze configs/paper-study.yaml   # analysis.json "studies"; report.md "Studies"
 
     stronger_teacher     win rate of the stronger teacher's student against the teachers'
-                         accuracy gap: binned, and a logistic fit (per regime, family and overall)
+                         accuracy gap: binned, and its trend (per regime, family and overall)
     quantity_quality     gain on training-set size and teacher accuracy together, within groups;
                          per_teacher against matched (same data size) where both ran
     regime_flips         does the answer or the ranking change between per_teacher and another
@@ -18,13 +18,13 @@ that says "inconclusive" where the data cannot tell.
     mix_parts            the mix adapter against each of its component teachers, per alignment
     selection_effect     gains on tasks pre-selection passed against gated tasks run anyway
 
-Students of a task share its teachers' traces, so every regression here takes the task as the
-unit of its error: a logistic or quadratic fit with cluster-robust standard errors by task
-(statsmodels, CR1), a linear fit whose fixed effects nest in tasks with a delete-one-task
-jackknife (better calibrated over a dozen tasks), each read on Student's t with (tasks - 1)
-degrees of freedom: an effect a teacher has on every student of a task, or on every pair it is
-in, is never counted as independent evidence. With fewer than two tasks nothing is estimated
-("too few"). Every study returns {"title", "about", "readings", "tables"}: the
+A claim across groups takes the teacher (or, for the student-size interaction, the student) as
+its unit: the grid's groups share the same few teachers, and a teacher good on one task is
+usually good on the others, so neither tasks nor students nor teacher pairs are independent
+repeats of a teacher comparison. Each such claim is tested against every order of the teachers'
+(students') labels, one order applied on the whole grid (harness/stats/grid_level.py), and says
+"too few" where this many teachers (students) cannot reach the level, with how many would.
+Every study returns {"title", "about", "readings", "tables"}: the
 report and the viewer print these, analysis.json keeps them with the numbers.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,7 +40,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from harness.stats import teacher_level
+from harness.stats import grid_level, teacher_level
 
 Key = tuple[str, str, str]  # (task, student, regime)
 Arms = Mapping[Key, tuple[np.ndarray, Mapping[str, Sequence[np.ndarray]]]]
@@ -121,84 +120,37 @@ def teacher_regimes(frame: pd.DataFrame) -> list[str]:
     return [r for r in frame["regime"].unique() if not str(r).startswith("mix")]
 
 
-def cluster_fit(
-    y: np.ndarray, x: np.ndarray, clusters: Sequence[Any], level: float, logit: bool = False
-) -> list[teacher_level.Estimate] | None:
-    """Coefficients of y on the columns of x (OLS, or a binomial GLM with `logit`), each with its
-    interval at `level` from cluster-robust standard errors (CR1) and Student's t with
-    (clusters - 1) degrees of freedom. None when fewer than two clusters or the fit fails
-    (a singular design, or perfect separation in a logit)."""
-    import statsmodels.api as sm
-
-    codes = pd.factorize(pd.Series(list(clusters)))[0]
-    n_clusters = int(codes.max()) + 1 if len(codes) else 0
-    if n_clusters < 2 or len(y) <= x.shape[1] or np.linalg.matrix_rank(x) < x.shape[1]:
-        return None
-    model = sm.GLM(y, x, family=sm.families.Binomial()) if logit else sm.OLS(y, x)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # separation and small-cluster warnings: checked below
-        try:
-            fit = model.fit(cov_type="cluster", cov_kwds={"groups": codes})
-        except (ValueError, np.linalg.LinAlgError):
-            return None
-    se = np.asarray(fit.bse, dtype=float)
-    coef = np.asarray(fit.params, dtype=float)
-    if not np.isfinite(se).all() or (logit and (np.abs(coef) > 15).any()):
-        return None  # separation: the likelihood has no finite maximum
-    df = n_clusters - 1
-    q = float(stats.t.ppf(0.5 + level / 2, df))
-    return [
-        teacher_level.Estimate(float(b), float(b - q * s), float(b + q * s), level, float(s), df)
-        for b, s in zip(coef, se, strict=True)
-    ]
+def teacher_test(
+    stat: Any, n_units: int, alpha: float, alternative: str = grid_level.TWO_SIDED
+) -> grid_level.Permutation:
+    """A grid-level permutation test of `stat` over `n_units` teachers (or students)."""
+    return grid_level.permutation_test(stat, n_units, alpha, alternative)
 
 
-def jackknife_fit(
-    y: np.ndarray, x: np.ndarray, tasks: Sequence[Any], level: float
-) -> list[teacher_level.Estimate] | None:
-    """OLS coefficients of y on the columns of x over every task pooled, with a delete-one-task
-    jackknife standard error (CR3's approximation: the small-sample fix of cluster-robust
-    errors) and a t interval on (tasks - 1) degrees of freedom. For designs whose fixed effects
-    nest in tasks (absorbed before the call); CR1 over a dozen tasks claimed effects in 7% of
-    null grids at alpha 0.05 (benchmarks/README.md). None with fewer than two tasks, or a
-    design that leaving out one task makes singular."""
-    tasks = np.asarray(list(tasks), dtype=object)
-    names = pd.unique(tasks)
-    k = x.shape[1]
-    if len(names) < 2 or np.linalg.matrix_rank(x) < k:
-        return None
-    full = np.linalg.lstsq(x, y, rcond=None)[0]
-    drops = []
-    for t in names:
-        keep = tasks != t
-        if np.linalg.matrix_rank(x[keep]) < k:
-            return None
-        drops.append(np.linalg.lstsq(x[keep], y[keep], rcond=None)[0])
-    d = np.array(drops)
-    g = len(d)
-    se = np.sqrt((g - 1) / g * ((d - d.mean(axis=0)) ** 2).sum(axis=0))
-    q = float(stats.t.ppf(0.5 + level / 2, g - 1))
-    return [
-        teacher_level.Estimate(float(b), float(b - q * e), float(b + q * e), level, float(e), g - 1)
-        for b, e in zip(full, se, strict=True)
-    ]
+def claim(test: grid_level.Permutation | None, up: str, down: str, unit: str = "teachers") -> str:
+    """A grid-level test's verdict in words: a direction only where it rejects at its level;
+    "too few" where this many units can never reach it, with how many would."""
+    if test is None or math.isnan(test.statistic):
+        return TOO_FEW
+    if test.too_few:
+        return (
+            f"{TOO_FEW} {unit} ({test.n_units}: no {unit[:-1]}-level test can reach p ≤ "
+            f"{test.alpha:.3g}; it needs ≥ {test.needed})"
+        )
+    if not test.rejects:
+        return teacher_level.INCONCLUSIVE
+    return up if test.statistic > 0 else down
 
 
-def cluster_mean(
-    y: np.ndarray, clusters: Sequence[Any], level: float, bounds: tuple[float, float] = (0, 1)
-) -> teacher_level.Estimate | None:
-    """A mean with its cluster-robust interval (an intercept-only `cluster_fit`). For a share
-    (values in [0, 1]) the variance is floored at Agresti-Coull's (two pseudo-successes and two
-    pseudo-failures), as teacher_level.accuracy does, so a bin of all wins is no zero-width interval."""
-    fit = cluster_fit(np.asarray(y, dtype=float), np.ones((len(y), 1)), clusters, level)
-    if fit is None:
-        return None
-    est, n = fit[0], len(y)
-    p = (float(np.sum(y)) + 2) / (n + 4)
-    se = max(est.se, math.sqrt(p * (1 - p) / (n + 4)))
-    half = float(stats.t.ppf(0.5 + level / 2, est.df)) * se
-    low, high = max(bounds[0], est.estimate - half), min(bounds[1], est.estimate + half)
-    return teacher_level.Estimate(est.estimate, low, high, level, se, est.df)
+def _pval(p: float | None) -> str:
+    return "–" if p is None or math.isnan(p) else f"{p:.3f}"
+
+
+def _p(test: grid_level.Permutation | None) -> str:
+    if test is None or math.isnan(test.p):
+        return "p –"
+    kind = "exact" if test.exact else "sampled"
+    return f"p = {test.p:.3f} ({kind}, {test.n_permutations} orders of {test.n_units})"
 
 
 def direction(est: teacher_level.Estimate | None, up: str, down: str) -> str:
@@ -268,45 +220,47 @@ def teacher_pairs(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
-def win_rate_fit(pairs: pd.DataFrame, alpha: float, bins: Sequence[float]) -> dict[str, Any]:
-    """Binned win rates (Bonferroni over the bins) and the logistic fit win ~ gap (log-odds per
-    10 points of gap), clustered by task."""
-    edges = list(bins)
+def win_rate_fit(frame: pd.DataFrame, alpha: float, bins: Sequence[float]) -> dict[str, Any]:
+    """Binned win rates of the stronger teacher (each bin tested at alpha / bins) and the trend
+    of the win rate in the gap (the least-squares slope, in points of win rate per 10 points of
+    gap), each against every order of the teachers' accuracies over the whole grid
+    (grid_level.pair_wins): teachers, not pairs or tasks, are the unit."""
+    keys, teachers, arr = grid_level.block(frame, ["post_acc", "teacher_acc"])
+    n, edges = len(teachers), list(bins)
     n_bins = max(1, len(edges) - 1)
+    wins = grid_level.pair_wins(arr["post_acc"], 100 * arr["teacher_acc"])
+    gap, win = wins(np.arange(n)[None]) if n > 1 else (np.empty((1, 0)), np.empty((1, 0)))
+    pair_task = np.repeat(keys["task"].to_numpy(dtype=object), n * (n - 1) // 2)
     binned = []
     for lo, hi in itertools.pairwise(edges):
-        inside = pairs[(pairs["gap"] >= lo) & ((pairs["gap"] < hi) | (hi == edges[-1]))]
-        est = (
-            cluster_mean(inside["win"].to_numpy(), inside["task"], 1 - alpha / n_bins)
-            if len(inside)
-            else None
-        )
-        word = direction(
-            None if est is None else _shifted(est, 0.5), "stronger wins", "weaker wins"
-        )
-        binned.append({"low": lo, "high": hi, "n_pairs": len(inside),
-                       "n_tasks": int(inside["task"].nunique()), "win_rate": est, "reading": word})  # fmt: skip
-    x = np.column_stack([np.ones(len(pairs)), pairs["gap"].to_numpy() / 10.0])
-    fit = cluster_fit(pairs["win"].to_numpy(), x, pairs["task"], 1 - alpha, logit=True)
-    slope = None if fit is None else fit[1]
-    return {"bins": binned, "slope": slope, "n_pairs": len(pairs),
-            "n_tasks": int(pairs["task"].nunique()),
-            "trend": direction(slope, "the stronger teacher wins more often as the gap grows",
-                               "the stronger teacher wins less often as the gap grows")}  # fmt: skip
-
-
-def _shifted(e: teacher_level.Estimate, by: float) -> teacher_level.Estimate:
-    return teacher_level.Estimate(e.estimate - by, e.low - by, e.high - by, e.level, e.se, e.df)
+        closed = hi == edges[-1]
+        inside = (gap[0] >= lo) & ((gap[0] <= hi) if closed else (gap[0] < hi))
+        test = (teacher_test(grid_level.win_rate_in(wins, lo, hi, closed), n, alpha / n_bins)
+                if inside.any() else None)  # fmt: skip
+        binned.append({"low": lo, "high": hi, "n_pairs": int(inside.sum()),
+                       "n_tasks": len(set(pair_task[inside])),
+                       "win_rate": float(win[0][inside].mean()) if inside.any() else NAN,
+                       "test": None if test is None else test.as_dict(),
+                       "reading": claim(test, "stronger wins", "weaker wins")})  # fmt: skip
+    has_pairs = bool((~np.isnan(gap[0])).sum() > 2)
+    trend = teacher_test(grid_level.win_slope(wins), n, alpha) if has_pairs else None
+    slope = None if trend is None or math.isnan(trend.statistic) else 1000 * trend.statistic
+    return {"bins": binned, "slope": slope, "test": None if trend is None else trend.as_dict(),
+            "n_pairs": int((~np.isnan(gap[0])).sum()), "n_teachers": n,
+            "n_tasks": int(keys["task"].nunique()) if len(keys) else 0,
+            "trend": claim(trend, "the stronger teacher wins more often as the gap grows",
+                           "the stronger teacher wins less often as the gap grows"),
+            "p": _p(trend)}  # fmt: skip
 
 
 def stronger_teacher(frame: pd.DataFrame, alpha: float, bins: Sequence[float]) -> dict[str, Any]:
     """Win rate of the stronger teacher's student against the teachers' accuracy gap, per
-    regime, overall and per task family. Clustered by task, not by (task, teacher pair): the
-    pairs of a task share teachers (A-B and A-C both carry A's traces, for every student), so
-    pairs are no more independent than students are."""
-    pairs = teacher_pairs(frame[frame["regime"].isin(teacher_regimes(frame))])
+    regime, overall and per task family, with the teacher as the unit: the pairs of a grid share
+    its few teachers (A-B and A-C both carry A, on every task and for every student), so
+    neither pairs nor tasks are independent evidence."""
+    single = frame[frame["regime"].isin(teacher_regimes(frame))]
     fits, rows, readings = [], [], []
-    for regime, mine in pairs.groupby("regime", sort=False):
+    for regime, mine in single.groupby("regime", sort=False):
         scopes = [("all", mine)] + (
             [(f, m) for f, m in mine.groupby("family", sort=False)]
             if mine["family"].nunique() > 1
@@ -314,94 +268,95 @@ def stronger_teacher(frame: pd.DataFrame, alpha: float, bins: Sequence[float]) -
         )
         for scope, part in scopes:
             f = win_rate_fit(part, alpha, bins)
+            if not f["n_pairs"]:
+                continue
             fits.append({"regime": regime, "scope": scope, **f})
             for b in f["bins"]:
                 rows.append([regime, scope, f"{b['low']:g}–{b['high']:g}", b["n_pairs"],
-                             b["n_tasks"], *_interval(b["win_rate"]), b["reading"]])  # fmt: skip
-            slope = f["slope"]
+                             b["n_tasks"], _fmt(100 * b["win_rate"]),
+                             _pval((b["test"] or {}).get("p")), b["reading"]])  # fmt: skip
+            slope = "–" if f["slope"] is None else f"{f['slope']:+.1f}"
             readings.append(
-                f"{regime}, {scope}: {f['n_pairs']} teacher pairs on {f['n_tasks']} task(s); "
-                f"log-odds of a stronger-teacher win per 10 points of gap "
-                f"{_ci(slope, 1)}: {f['trend'] if slope else _too_few_tasks(f['n_tasks'])}"
+                f"{regime}, {scope}: {f['n_pairs']} teacher pairs from {f['n_teachers']} "
+                f"teachers on {f['n_tasks']} task(s); the stronger teacher's win rate changes by "
+                f"{slope} pts per 10 pts of gap ({f['p']}): {f['trend']}"
             )
-    columns = ["regime", "scope", "gap (pts)", "pairs", "tasks", "win rate (%)", "low", "high"]
-    columns.append("reading")
+    columns = ["regime", "scope", "gap (pts)", "pairs", "tasks", "win rate (%)", "p", "reading"]
     return _study(
         "Stronger versus weaker teacher",
         "For every pair of teachers of a group, does the stronger teacher's (higher test "
         "accuracy) student score higher (a win; a tie counts half)? Win rates by accuracy gap, "
-        "with intervals clustered by task (Bonferroni over the bins), and a logistic fit of "
-        "win on gap. A bin reads 'stronger wins' or 'weaker wins' only when its interval "
-        "excludes 50%.",
+        "and the trend of the win rate in the gap (least squares over the pairs). Teachers are "
+        "the unit: each is tested against every order of the teachers' accuracies, the same "
+        "order on every task and student (exact), so a teacher that is good everywhere counts "
+        "once, not once per task. A bin reads 'stronger wins' or 'weaker wins' only when it "
+        "rejects at alpha / bins; with too few teachers no order can, and it says 'too few'.",
         readings or ["no group has two teachers of different accuracy: nothing to compare"],
         [_table("Win rate of the stronger teacher by accuracy gap", columns, rows)],
         fits=fits,
     )
 
 
-def _too_few_tasks(n: int) -> str:
-    return (
-        f"{TOO_FEW} tasks to estimate ({n}; clustering by task needs at least 2), or the fit "
-        "has no finite estimate (every pair won or every pair lost): inconclusive"
-    )
-
-
 # --- 2. quantity versus quality ------------------------------------------------------------------
-
-
-def within(df: pd.DataFrame, columns: list[str], by: list[str]) -> pd.DataFrame:
-    """The columns less their group means (fixed effects of the groups, absorbed)."""
-    return df[columns] - df.groupby(by, sort=False)[columns].transform("mean")
 
 
 def size_and_accuracy(
     frame: pd.DataFrame, alpha: float
-) -> tuple[dict[str, teacher_level.Estimate | None], float]:
-    """gain (points) ~ log2(training examples) + teacher accuracy (per 10 points), with the
-    (task, student) group's own intercept, clustered by task; and the within-group correlation of
-    the two regressors (near +-1: one relation, not two)."""
-    df = frame.dropna(subset=["gain", "teacher_acc", "n_examples"])
-    df = df[df["n_examples"] > 0].assign(
-        log_n=lambda d: np.log2(d["n_examples"]), acc10=lambda d: 10 * d["teacher_acc"],
-        y=lambda d: 100 * d["gain"],
-    )  # fmt: skip
-    if df.empty:
-        return {"examples": None, "accuracy": None}, NAN
-    w = within(df, ["y", "log_n", "acc10"], ["task", "student"])
-    spread = w[["log_n", "acc10"]].abs().sum() > 1e-9
-    names = [c for c in ("log_n", "acc10") if spread[c]]
-    r = float(np.corrcoef(w["log_n"], w["acc10"])[0, 1]) if len(names) == 2 else NAN
-    fit = (
-        jackknife_fit(w["y"].to_numpy(), w[names].to_numpy(), df["task"], 1 - alpha)
-        if names
-        else None
-    )
-    got = dict(zip(names, fit or [None] * len(names), strict=True))
-    return {"examples": got.get("log_n"), "accuracy": got.get("acc10")}, r
+) -> tuple[dict[str, grid_level.Permutation | None], float]:
+    """gain (points) ~ log2(training examples) + teacher accuracy (per 10 points), each (task,
+    student) group with its own intercept, fitted together; each coefficient tested against
+    every order of the teachers over the whole grid (grid_level.within_slopes: both regressors
+    move with the teacher's label). The null of each test is that gain is unrelated to the
+    teachers (neither term matters), so a term's rejection says the gain follows the teachers
+    in a way that term describes, split from the other term by the linear model. Also the
+    within-group correlation of the two regressors (near +-1: one relation, not two)."""
+    df = frame[frame["n_examples"] > 0]
+    _, teachers, arr = grid_level.block(df, ["gain", "teacher_acc", "n_examples"])
+    none: dict[str, grid_level.Permutation | None] = {"examples": None, "accuracy": None}
+    if not len(arr["gain"]) or len(teachers) < 2:
+        return none, NAN
+    x = np.stack([np.log2(arr["n_examples"]), 10 * arr["teacher_acc"]], axis=2)
+    xw = x - x.mean(axis=1, keepdims=True)
+    spread = np.abs(xw).sum(axis=(0, 1)) > 1e-9
+    cols = [k for k in range(2) if spread[k]]
+    r = float(np.corrcoef(xw[..., 0].ravel(), xw[..., 1].ravel())[0, 1]) if spread.all() else NAN
+    if not cols:
+        return none, r
+    coefs = grid_level.within_slopes(100 * arr["gain"], x[..., cols])
+    tests = {k: teacher_test(grid_level.column(coefs, i), len(teachers), alpha)
+             for i, k in enumerate(cols)}  # fmt: skip
+    names = ("examples", "accuracy")
+    return {names[k]: tests.get(k) for k in range(2)}, r
 
 
 def quantity_quality(
     frame: pd.DataFrame, arms: Arms, alpha: float, effect: float, min_replicates: int = 3
 ) -> dict[str, Any]:
     """Per regime, how much of the gain goes with training-set size and how much with teacher
-    accuracy, estimated together; and where `matched` ran, each teacher's per_teacher gain against
-    its matched one (the same teacher with as many examples as the smallest set)."""
+    accuracy, estimated together with teachers as the unit; and where `matched` ran, each
+    teacher's per_teacher gain against its matched one (the same teacher with as many examples
+    as the smallest set)."""
     rows, readings, fits = [], [], []
     for regime in teacher_regimes(frame):
-        coefs, r = size_and_accuracy(frame[frame["regime"] == regime], alpha)
-        fits.append({"regime": regime, **coefs, "correlation": r})
+        tests, r = size_and_accuracy(frame[frame["regime"] == regime], alpha)
+        fits.append({"regime": regime, "correlation": r,
+                     **{k: None if t is None else t.as_dict() for k, t in tests.items()}})  # fmt: skip
+        words = {k: claim(t, "more gain", "less gain") for k, t in tests.items()}
         for name, unit in (("examples", "per doubling of examples"),
                            ("accuracy", "per 10 pts of teacher accuracy")):  # fmt: skip
-            e = coefs[name]
-            word = direction(e, "more gain", "less gain")
-            rows.append([regime, f"{name} ({unit})", *_interval(e, 1), word])
+            t = tests[name]
+            rows.append([regime, f"{name} ({unit})", _fmt(None if t is None else t.statistic,
+                         True), _pval(None if t is None else t.p), words[name]])  # fmt: skip
         collinear = not math.isnan(r) and abs(r) > 0.9
-        words = {k: direction(coefs[k], "more gain", "less gain") for k in coefs}
-        same_size = coefs["examples"] is None and coefs["accuracy"] is not None
+        same_size = tests["examples"] is None and tests["accuracy"] is not None
+
+        def coef(t: grid_level.Permutation | None) -> str:
+            return "–" if t is None else f"{t.statistic:+.1f}"
+
         readings.append(
-            f"{regime}: gain {_ci(coefs['examples'], 1)} pts per doubling of the training set "
-            f"({words['examples']}), {_ci(coefs['accuracy'], 1)} pts per 10 pts of teacher "
-            f"accuracy ({words['accuracy']})"
+            f"{regime}: gain {coef(tests['examples'])} pts per doubling of the training set "
+            f"({_p(tests['examples'])}: {words['examples']}), {coef(tests['accuracy'])} pts per "
+            f"10 pts of teacher accuracy ({_p(tests['accuracy'])}: {words['accuracy']})"
             + (f"; the two move together within groups (r = {r:+.2f}): one relation, which "
                "the data cannot split into quantity and quality" if collinear else "")
             + ("; every teacher's set has the same size here, so the accuracy term is quality "
@@ -417,7 +372,7 @@ def quantity_quality(
             + ", ".join(f"{v} {k}" for k, v in counts.items())
         )
     tables = [_table("Gain on training-set size and teacher accuracy, together (points)",
-                     ["regime", "term", "estimate", "low", "high", "reading"], rows)]  # fmt: skip
+                     ["regime", "term", "estimate", "p", "reading"], rows)]  # fmt: skip
     if mrows:
         tables.append(_table("per_teacher − matched, same teacher (points)",
                              ["task", "student", "teacher", "difference", "low", "high",
@@ -426,11 +381,12 @@ def quantity_quality(
         "Quantity versus quality",
         "A stronger teacher solves more questions (more examples) and writes different traces. "
         "Within each (task, student) group, the teachers' gains are regressed on log2 of their "
-        "training-set size and on their accuracy together (cluster-robust by task): a term "
-        "reads 'more gain' or 'less gain' only when its interval excludes 0. Where the matched "
-        "regime ran, each teacher's per_teacher adapter is set against its matched one "
-        "(same teacher, fewer examples), paired on the test items, Bonferroni over the group's "
-        "teachers.",
+        "training-set size and on their accuracy together. Teachers are the unit: each term is "
+        "tested against every order of the teachers, the same on every task and student, and "
+        "reads 'more gain' or 'less gain' only when it rejects at alpha ('too few' where this "
+        "many teachers cannot). Where the matched regime ran, each teacher's per_teacher "
+        "adapter is set against its matched one (same teacher, fewer examples), paired on the "
+        "test items, Bonferroni over the group's teachers.",
         readings,
         tables,
         fits=fits,
@@ -571,78 +527,81 @@ def size_interaction(
     frame: pd.DataFrame, alpha: float, prop: str = "teacher_acc"
 ) -> dict[str, Any]:
     """gain ~ teacher property x log10(student size), with each (task, student) and each
-    (task, teacher) its own effect (absorbed: a teacher's effect on every student of a task is
-    not evidence), clustered by task. The coefficient: points of gain per unit of the property
-    (PROPS), per tenfold student size; positive means strong teachers pay off more for larger
-    students (the capacity gap). `smallest_p`: the least p an exact test that permutes the
-    students' sizes could reach (2 / S!): above alpha, a difference between these students
-    cannot be tied to their size without the linear model."""
+    (task, teacher) its own effect (a teacher's effect on every student of a task is not
+    evidence). The coefficient: points of gain per unit of the property (PROPS), per tenfold
+    student size; positive means strong teachers pay off more for larger students (the capacity
+    gap). Students are the unit: the test sets it against every order of the students' sizes,
+    the same on every task (grid_level.student_interaction), so a teacher x student effect
+    unrelated to size is never read as one. With S students it can reach p = 2 / S! at best:
+    `smallest_p`, and `needed` the students a design needs. Uses the tasks that hold every
+    student with every teacher (a balanced block)."""
     df = frame.dropna(subset=["gain", prop, "student_size"])
     df = df[(df["student_size"] > 0) & (df[prop] > 0)]
-    n_students = int(df["student_size"].nunique())
-    out = {"estimate": None, "n_students": n_students, "n_tasks": int(df["task"].nunique()),
-           "smallest_p": min(1.0, 2 / math.factorial(max(n_students, 1))), "prop": prop}  # fmt: skip
-    if n_students < 2 or df["teacher"].nunique() < 2:
+    n_students = int(df["student"].nunique())
+    out = {"estimate": None, "test": None, "n_students": n_students,
+           "n_sizes": int(df["student_size"].nunique()), "n_tasks": int(df["task"].nunique()),
+           "smallest_p": grid_level.smallest_p(n_students),
+           "needed": grid_level.units_needed(alpha), "prop": prop}  # fmt: skip
+    if out["n_sizes"] < 2 or df["teacher"].nunique() < 2:
         return out
-    z = PROPS[prop][0](df[prop]) * np.log10(df["student_size"])
-    work = df.assign(z=z.to_numpy(), y=(100 * df["gain"]).to_numpy())
-    # two-way within transform, iterated to convergence (exact in one pass when balanced)
-    w = work[["y", "z"]].copy()
-    for _ in range(50):
-        before = w.copy()
-        w = w - w.groupby([work["task"], work["student"]]).transform("mean")
-        w = w - w.groupby([work["task"], work["teacher"]]).transform("mean")
-        if float((w - before).abs().to_numpy().max()) < 1e-10:
-            break
-    if float(w["z"].abs().max()) > 1e-9:
-        fit = jackknife_fit(w["y"].to_numpy(), w[["z"]].to_numpy(), work["task"], 1 - alpha)
-        out["estimate"] = None if fit is None else fit[0]
+    keys, teachers, arr = grid_level.block(df, ["gain", prop, "student_size"])
+    students = sorted(keys["student"].unique(), key=str)
+    full = keys.groupby("task")["student"].nunique() == len(students)
+    tasks = sorted(full[full].index, key=str)
+    if not tasks:
+        return out
+    where = {(t, s): i for i, (t, s) in enumerate(zip(keys["task"], keys["student"], strict=True))}
+    rows = np.array([[where[t, s] for s in students] for t in tasks])  # (tasks, students)
+    size = np.log10(arr["student_size"][rows[0], 0])
+    scaled = PROPS[prop][0](arr[prop][rows].mean(axis=1))  # (tasks, teachers)
+    stat = grid_level.student_interaction(100 * arr["gain"][rows], scaled, size)
+    test = teacher_test(stat, len(students), alpha)
+    out.update(n_tasks=len(tasks), smallest_p=test.smallest_p, test=test.as_dict(),
+               estimate=None if math.isnan(test.statistic) else test.statistic)  # fmt: skip
+    out["word"] = claim(test, "strong teachers pay off more for larger students",
+                        "strong teachers pay off more for smaller students", "students")  # fmt: skip
     return out
 
 
 def inverted_u(frame: pd.DataFrame, alpha: float, min_side: int = 2) -> dict[str, Any]:
     """Two-lines test (Simonsohn 2018) for an inverted U of gain in teacher accuracy: the peak of
-    a quadratic fit (group intercepts, clustered by task) splits the accuracies; a line on each
-    side (own intercepts per group) must rise before and fall after, each one-sided at alpha
-    (an intersection-union test: its error is at most alpha). Fewer than `min_side`
-    teachers of a group on each side: too few teachers to tell."""
-    df = frame.dropna(subset=["gain", "teacher_acc"]).assign(
-        x=lambda d: 10 * d["teacher_acc"], y=lambda d: 100 * d["gain"]
-    )
+    a quadratic fit (each group its own intercept) splits the accuracies; a line on each side
+    (own intercepts per group) must rise before and fall after, each one-sided at alpha against
+    every order of the teachers over the whole grid (an intersection-union test: its error is
+    at most alpha). Fewer than `min_side` teachers of a group on each side, or too few teachers
+    for a one-sided test to reach alpha: too few to tell."""
     out: dict[str, Any] = {"peak": NAN, "rising": None, "falling": None, "quadratic": None}
-    if df["x"].nunique() < 3:
+    _, teachers, arr = grid_level.block(frame, ["gain", "teacher_acc"])
+    n = len(teachers)
+    if not len(arr["gain"]) or np.unique(arr["teacher_acc"]).size < 3:
         return {**out, "status": TOO_FEW, "why": "fewer than 3 teacher accuracies"}
-    by = ["task", "student"]
-    xc = df["x"] - df["x"].mean()
-    quad = within(df.assign(x1=xc, x2=xc**2), ["y", "x1", "x2"], by)
-    fit = cluster_fit(quad["y"].to_numpy(), quad[["x1", "x2"]].to_numpy(), df["task"], 1 - alpha)
-    if fit is None:
-        return {**out, "status": TOO_FEW, "why": "fewer than 2 tasks"}
-    b1, b2 = fit[0].estimate, fit[1].estimate
-    peak = float(df["x"].mean() - b1 / (2 * b2)) if b2 < 0 else NAN
-    out.update(quadratic=fit[1], peak=peak)
-    if math.isnan(peak) or not df["x"].min() < peak < df["x"].max():
+    y, x = 100 * arr["gain"], 10 * arr["teacher_acc"]
+    xc = x - x.mean()
+    b1, b2 = grid_level.within_slopes(y, np.stack([xc, xc**2], axis=2))(np.arange(n)[None])[0]
+    if math.isnan(b2):
+        return {**out, "status": TOO_FEW, "why": "the quadratic cannot be fitted"}
+    peak = float(x.mean() - b1 / (2 * b2)) if b2 < 0 else NAN
+    out.update(quadratic=float(b2), peak=peak)
+    if math.isnan(peak) or not x.min() < peak < x.max():
         return {**out, "status": "no inverted U",
                 "why": "the quadratic fit has no peak inside the teachers' accuracies"}  # fmt: skip
-    low, high = df["x"] < peak, df["x"] >= peak
-    per_group = pd.DataFrame({"low": low, "high": high}).groupby([df[c] for c in by]).sum()
-    if int(per_group.max().min()) < min_side:  # a slope within a group needs two teachers
+    low = x < peak
+    if min(low.sum(axis=1).max(), (~low).sum(axis=1).max()) < min_side:
         return {**out, "status": TOO_FEW,
                 "why": f"no group has {min_side} teachers on each side of the peak"}  # fmt: skip
-    lines = df.assign(
-        lo=np.where(low, df["x"] - peak, 0.0), hi=np.where(high, df["x"] - peak, 0.0),
-        side=high.astype(float),
-    )  # fmt: skip
-    w = within(lines, ["y", "lo", "hi", "side"], by)
-    two = cluster_fit(w["y"].to_numpy(), w[["lo", "hi", "side"]].to_numpy(), df["task"],
-                      1 - 2 * alpha)  # fmt: skip
-    if two is None:
-        return {**out, "status": TOO_FEW, "why": "the two lines cannot be fitted"}
-    rising, falling = two[0], two[1]
-    shown = rising.low > 0 and falling.high < 0
-    return {**out, "rising": rising, "falling": falling,
-            "status": "inverted U" if shown else teacher_level.INCONCLUSIVE,
-            "why": "both lines significant" if shown else "a line is not shown to rise or fall"}  # fmt: skip
+    lines = np.stack([np.where(low, x - peak, 0.0), np.where(low, 0.0, x - peak),
+                      (~low).astype(float)], axis=2)  # fmt: skip
+    two = grid_level.within_slopes(y, lines)
+    rising = teacher_test(grid_level.column(two, 0), n, alpha, grid_level.GREATER)
+    falling = teacher_test(grid_level.column(two, 1), n, alpha, grid_level.LESS)
+    out.update(rising=rising.as_dict(), falling=falling.as_dict())
+    if rising.too_few or falling.too_few:
+        return {**out, "status": TOO_FEW,
+                "why": f"{n} teachers: no one-sided teacher-level test reaches p ≤ {alpha:g} "
+                       f"(it needs ≥ {rising.needed})"}  # fmt: skip
+    shown = rising.rejects and falling.rejects
+    return {**out, "status": "inverted U" if shown else teacher_level.INCONCLUSIVE,
+            "why": f"rising p = {rising.p:.3f}, falling p = {falling.p:.3f} over {n} teachers"}  # fmt: skip
 
 
 def capacity_gap(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
@@ -656,27 +615,30 @@ def capacity_gap(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
         per.append({"regime": regime, "interactions": inters, "inverted_u": hump})
         for inter in inters:
             word, reading = _interaction_words(inter, alpha)
-            rows.append([regime, f"{inter['prop']} × student size",
-                         *_interval(inter["estimate"], 1), inter["n_students"], inter["n_tasks"],
-                         word])  # fmt: skip
+            rows.append([regime, f"{inter['prop']} × student size", _fmt(inter["estimate"], True),
+                         _pval((inter["test"] or {}).get("p")), "", inter["n_students"],
+                         inter["n_tasks"], word])  # fmt: skip
             readings.append(f"{regime}: {reading}")
         rows.append([regime, "inverted U (two lines)", _fmt(hump["peak"] * 10),
-                     _ci(hump["rising"], 1), _ci(hump["falling"], 1), "", "",
+                     _pval((hump["rising"] or {}).get("p")),
+                     _pval((hump["falling"] or {}).get("p")), "", "",
                      f"{hump['status']}: {hump['why']}"])  # fmt: skip
         readings.append(
             f"{regime}: inverted U of gain in teacher accuracy: {hump['status']} ({hump['why']})"
         )
-    columns = ["regime", "test", "estimate / peak (pts)", "low / rising", "high / falling"]
+    columns = ["regime", "test", "estimate / peak (pts)", "p / p rising", "p falling"]
     columns += ["students", "tasks", "reading"]
     return _study(
         "The capacity gap proper",
         "Does the payoff of a stronger teacher depend on the student's size? gain ~ teacher "
-        "accuracy (and, separately, log10 teacher size) × log10 student size, with every (task, student) and every (task, teacher) "
-        "its own effect, clustered by task, so a teacher's effect shared by the students of a "
-        "task is not evidence. And is gain an inverted U in teacher accuracy? Two-lines test: "
-        "the quadratic fit's peak splits the teachers; gain must rise before it and fall after "
-        "it, each line one-sided at alpha. Both say 'too few' where the design cannot tell "
-        "(fewer than 2 student sizes or tasks; fewer than 2 teacher accuracies on a side).",
+        "accuracy (and, separately, log10 teacher size) × log10 student size, with every "
+        "(task, student) and every (task, teacher) its own effect. Students are the unit: the "
+        "coefficient is tested against every order of the students' sizes, the same on every "
+        "task, so a teacher × student effect unrelated to size is not evidence; with S students "
+        "the best p is 2 / S!, and below 5 students it says 'too few'. Is gain an inverted U in "
+        "teacher accuracy? Two-lines test: the quadratic fit's peak splits the teachers; gain "
+        "must rise before it and fall after it, each line one-sided at alpha against every "
+        "order of the teachers over the grid ('too few' where that cannot reach alpha).",
         readings,
         [_table("Capacity gap: interaction and inverted U", columns, rows)],
         per_regime=per,
@@ -684,23 +646,18 @@ def capacity_gap(frame: pd.DataFrame, alpha: float) -> dict[str, Any]:
 
 
 def _interaction_words(inter: dict[str, Any], alpha: float) -> tuple[str, str]:
-    """The interaction's word and its reading, with the guards."""
+    """The interaction's word and its reading."""
     unit = PROPS[inter["prop"]][1]
-    word = direction(inter["estimate"], "strong teachers pay off more for larger students",
-                     "strong teachers pay off more for smaller students")  # fmt: skip
-    text = (
-        f"gain ~ {inter['prop']} × student size {_ci(inter['estimate'], 1)} pts per {unit} per "
-        f"tenfold student size: {word}"
+    word = inter.get("word") or (
+        f"{TOO_FEW} students ({inter['n_sizes']} student size(s), {inter['n_tasks']} task(s))"
     )
-    if inter["estimate"] is None:
-        text += f" ({inter['n_students']} student size(s), {inter['n_tasks']} task(s))"
-    elif inter["smallest_p"] > alpha:
-        text += (
-            f" (with {inter['n_students']} students an exact test across students reaches at "
-            f"best p = {inter['smallest_p']:.2f}: a difference between these students, tied to "
-            "their size only by the linear model)"
-        )
-    return word, text
+    est = "–" if inter["estimate"] is None else f"{inter['estimate']:+.2f}"
+    p = (inter["test"] or {}).get("p")
+    return word, (
+        f"gain ~ {inter['prop']} × student size {est} pts per {unit} per tenfold student size"
+        + ("" if p is None else f" (student-level p = {p:.3f})")
+        + f": {word}"
+    )
 
 
 # --- 5. ΔLarge, ΔLong, family averages -----------------------------------------------------------

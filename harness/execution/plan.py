@@ -215,6 +215,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         console.print(line)
     for line in detectable_gains(exp, store, grid):
         console.print(line)
+    for line in claim_lines(exp):
+        console.print(line)
     return cells
 
 
@@ -267,6 +269,35 @@ def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[
         }
         work = ", ".join(f"{k} {v:,.0f}" for k, v in estimate(exp, saved).items())
         lines.append(f"  gating saves {len(saved)} cells {counts}: {work}")
+    return lines
+
+
+def claim_lines(exp: Experiment) -> list[str]:
+    """Per cross-group claim of the studies (harness/stats/grid_level.py): whether this grid's
+    teachers (students) can ever reach the claim's level, and how many it would need."""
+    from harness.stats import grid_level
+
+    a = exp.analysis
+    alpha = 1 - a.ci
+    n_t, n_s = len(exp.teachers), len(exp.students)
+    lines = [
+        f"cross-group claims (teachers or students as the unit, every order of their labels over "
+        f"the grid; alpha {alpha:g}; {n_t} teacher(s), {n_s} student(s), "
+        f"{len(exp.tasks)} task(s)):"
+    ]
+    for c in grid_level.design(n_t, n_s, alpha, max(1, len(a.gap_bins) - 1)):
+        head = f"  {c['claim']}: "
+        if c["supported"]:
+            lines.append(
+                f"{head}can be tested ({c['n']} {c['unit']}: p can reach {c['smallest_p']:.3g} "
+                f"≤ {c['level']:.3g})"
+            )
+        else:
+            lines.append(
+                f"{head}[yellow]too few: needs ≥ {c['needed']} {c['unit']}[/] (has {c['n']}: "
+                f"p can reach {c['smallest_p']:.3g} at best, above {c['level']:.3g}); the "
+                "report will say 'too few'"
+            )
     return lines
 
 
