@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import studies as st
-from harness.stats import teacher_level
+from harness.stats import grid_level, teacher_level
 
 ALPHA = 0.05
 SIZES = (1e8, 1e9, 1e10)
@@ -220,6 +220,90 @@ def selection_claims(rng: np.random.Generator, planted: bool, **grid: Any) -> bo
     sel = [{"task": t, "passed": p} for t, p in selected.items()]
     found = st.selection_effect(frame, sel, ALPHA)["contrasts"]
     return found[0]["reading"] not in (st.TOO_FEW, teacher_level.INCONCLUSIVE)
+
+
+# --- every cross-group reading on one grid (the grid-level simulation suite) ---------------------
+
+BINS = (0, 20, 40, 100)
+
+
+def readings(frame: pd.DataFrame) -> dict[str, list[str]]:
+    """Every cross-group reading of the studies on one grid, in words, by the claim names of
+    grid_level.CLAIMS (the ones `cotgap plan` judges before any compute)."""
+    from harness.analysis import analyze
+    from harness.config.schema import AnalysisConfig
+
+    def word(t: dict[str, Any]) -> str:
+        return st.TOO_FEW if t["too_few"] else ("claim" if t["rejects"] else "inconclusive")
+
+    cg = analyze.capacity_gap(AnalysisConfig(), frame)
+    fit = st.win_rate_fit(frame, ALPHA, BINS)
+    terms, _ = st.size_and_accuracy(frame, ALPHA)
+    hump = st.inverted_u(frame, ALPHA)
+    bins = [b["reading"] for b in fit["bins"] if b["n_pairs"]]  # one family: any bin claims
+    names = [c[0] for c in grid_level.CLAIMS]
+    return dict(zip(names, [
+        [word(cg["gain~teacher_acc"]), word(cg["gain~teacher_size"])],
+        [fit["trend"]],
+        [next((w for w in bins if claimed(w)), bins[0] if bins else st.TOO_FEW)],
+        [st.claim(t, "up", "down") for t in terms.values() if t is not None],
+        [{"inverted U": "claim", st.TOO_FEW: st.TOO_FEW}.get(hump["status"], "inconclusive")],
+        [st._interaction_words(st.size_interaction(frame, ALPHA, p), ALPHA)[0] for p in st.PROPS],
+    ], strict=True))  # fmt: skip
+
+
+def naive_claims(frame: pd.DataFrame, draws: int = 999, seed: int = 0) -> bool:
+    """The capacity-gap test as it is wrongly done: the mean within-group rho against
+    permutations of the teachers drawn independently on every task (tasks as independent
+    repeats of the teachers; the students of a task share one), for comparison."""
+    rng = np.random.default_rng(seed)
+    keys, _, arr = grid_level.block(frame, ["gain", "teacher_acc"])
+    y, x = arr["gain"], arr["teacher_acc"]
+    keep = (np.ptp(y, axis=1) > 0) & (np.ptp(x, axis=1) > 0)
+    ry, rx = grid_level._standard_ranks(y[keep]), grid_level._standard_ranks(x[keep])
+    tasks = pd.factorize(keys["task"][keep])[0]
+    n = y.shape[1]
+    orders = rng.permuted(np.tile(np.arange(n), (draws, tasks.max() + 1, 1)), axis=2)[:, tasks]
+    null = np.einsum("dgt,gt->d", np.take_along_axis(rx[None], orders, axis=2), ry) / len(ry)
+    observed = float((rx * ry).sum() / len(ry))
+    return (1 + np.sum(np.abs(null) >= abs(observed) - 1e-12)) / (draws + 1) <= ALPHA
+
+
+NULLS = {  # name: teacher_grid's arguments (gain 0: no relation to any property)
+    "shared quality": {"quality_sd": 0.05},
+    "shared quality + teacher x task": {"quality_sd": 0.05, "teacher_sd": 0.05},
+    "shared quality + teacher x student": {"quality_sd": 0.05, "teacher_student_sd": 0.05},
+}
+SHAPES = [(t, s, k) for t in (2, 3, 4, 5, 6, 8) for s in (2, 4) for k in (2, 6, 12)]
+
+
+def null_rates(
+    runs: int, nulls: dict = NULLS, shapes: list = SHAPES, seed: int = 0, with_naive: bool = True
+) -> list[dict]:
+    """Per null and grid shape (teachers, students, tasks): per cross-group claim, the share of
+    `runs` grids in which its worst reading line claims a direction (the bins: any bin), and
+    the share in which every line says 'too few'; and the naive within-task test's rate."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for null, effects in nulls.items():
+        for t, s, k in shapes:
+            claims: dict[tuple[str, int], int] = {}
+            few: dict[str, int] = {}
+            naive = 0
+            for _ in range(runs):
+                frame = teacher_grid(rng, _none, tasks=k, teachers=t, students=s, **effects)
+                for name, words in readings(frame).items():
+                    for i, w in enumerate(words):  # each reading line on its own
+                        claims[name, i] = claims.get((name, i), 0) + claimed(w)
+                    few[name] = few.get(name, 0) + all(w.startswith(st.TOO_FEW) for w in words)
+                naive += bool(naive_claims(frame)) if with_naive else 0
+            rates: dict[str, float] = {}
+            for (name, _), c in claims.items():
+                rates[name] = max(rates.get(name, 0.0), c / runs)  # the worst of its lines
+            out.append({"null": null, "teachers": t, "students": s, "tasks": k, "runs": runs,
+                        "naive": naive / runs if with_naive else None, "claims": rates,
+                        "too_few": {n: c / runs for n, c in few.items()}})  # fmt: skip
+    return out
 
 
 PER_RUN = {

@@ -575,6 +575,11 @@ def inverted_u(frame: pd.DataFrame, alpha: float, min_side: int = 2) -> dict[str
     n = len(teachers)
     if not len(arr["gain"]) or np.unique(arr["teacher_acc"]).size < 3:
         return {**out, "status": TOO_FEW, "why": "fewer than 3 teacher accuracies"}
+    needed = max(2 * min_side, grid_level.units_needed(alpha, grid_level.GREATER))
+    if n < needed:
+        return {**out, "status": TOO_FEW,
+                "why": f"{n} teachers: it needs ≥ {needed} (two on each side of a peak, and a "
+                       f"one-sided teacher-level test that can reach p ≤ {alpha:g})"}  # fmt: skip
     y, x = 100 * arr["gain"], 10 * arr["teacher_acc"]
     xc = x - x.mean()
     b1, b2 = grid_level.within_slopes(y, np.stack([xc, xc**2], axis=2))(np.arange(n)[None])[0]

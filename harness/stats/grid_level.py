@@ -34,6 +34,7 @@ within-group least-squares or rank quantity whose permutations are one matrix pr
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -74,11 +75,11 @@ def block(
     hold the same teachers for one permutation to apply to all)."""
     df = frame.dropna(subset=list(columns))
     teachers = sorted(df["teacher"].unique(), key=str)
-    wide = {c: df.pivot_table(index=list(by), columns="teacher", values=c, aggfunc="mean")
-            .reindex(columns=teachers) for c in columns}  # fmt: skip
-    keep = np.logical_and.reduce([w.notna().all(axis=1).to_numpy() for w in wide.values()])
-    keys = next(iter(wide.values())).index[keep].to_frame(index=False) if wide else pd.DataFrame()
-    return keys, teachers, {c: w.to_numpy(dtype=float)[keep] for c, w in wide.items()}
+    means = df.groupby([*by, "teacher"], sort=True)[list(columns)].mean().unstack("teacher")
+    keep = means.notna().all(axis=1).to_numpy()
+    keys = means.index[keep].to_frame(index=False)
+    wide = {c: means[c].reindex(columns=teachers).to_numpy(dtype=float)[keep] for c in columns}
+    return keys, teachers, wide
 
 
 # --- the test ------------------------------------------------------------------------------------
@@ -113,16 +114,22 @@ class Permutation:
         return {**asdict(self), "too_few": self.too_few, "rejects": self.rejects}
 
 
+@functools.lru_cache(maxsize=32)
 def label_permutations(
     n: int, max_exact: int = 5040, draws: int = 1999, seed: int = 0
 ) -> tuple[np.ndarray, bool]:
     """All n! orders of n labels (the identity first) up to `max_exact`, else the identity and
-    `draws` random ones; and whether the set is exact."""
+    `draws` random ones; and whether the set is exact. Cached and read-only: the tests of one
+    grid share one array, which lets a statistic reuse its work across them (`pair_wins`)."""
     if math.factorial(n) <= max_exact:
-        return np.array(list(itertools.permutations(range(n))), dtype=int), True
-    rng = np.random.default_rng(seed)
-    perms = np.array([rng.permutation(n) for _ in range(draws)], dtype=int)
-    return np.vstack([np.arange(n), perms]), False
+        perms = np.array(list(itertools.permutations(range(n))), dtype=int)
+        exact = True
+    else:
+        rng = np.random.default_rng(seed)
+        drawn = np.array([rng.permutation(n) for _ in range(draws)], dtype=int)
+        perms, exact = np.vstack([np.arange(n), drawn]), False
+    perms.flags.writeable = False
+    return perms, exact
 
 
 def permutation_test(
@@ -138,11 +145,13 @@ def permutation_test(
     permutations as a (P, n_units) index array (row 0 the identity: unit i takes the properties
     of unit perms[p, i]) and returns the statistic under each, shape (P,). Exact over all n!
     permutations up to `max_exact`, else Monte Carlo with `draws` (p = (hits + 1) / (draws + 1))."""
+    needed = units_needed(alpha, alternative)
+    if n_units < 2:
+        return Permutation(math.nan, math.nan, 1.0, alpha, alternative, n_units, 1, True, needed)
     perms, exact = label_permutations(n_units, max_exact, draws, seed)
     values = np.asarray(statistic(perms), dtype=float)
-    needed = units_needed(alpha, alternative)
     observed = float(values[0])
-    if not np.isfinite(observed) or n_units < 2:
+    if not np.isfinite(observed):
         return Permutation(math.nan, math.nan, 1.0, alpha, alternative, n_units, len(perms), exact,
                            needed)  # fmt: skip
     null = np.nan_to_num(values, nan=0.0)
@@ -216,15 +225,19 @@ def pair_wins(outcome: np.ndarray, prop: np.ndarray) -> Callable:
     (P, pairs)."""
     i, j = np.triu_indices(outcome.shape[1], k=1)
     order = np.sign(outcome[:, i] - outcome[:, j])  # (G, pairs): +1 when i scored higher
+    last: list = [None, None]  # the latest perms and their result: the bins and trend share them
 
     def at(perms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if last[0] is perms:
+            return last[1]
         xp = prop[:, perms]  # (G, P, T)
         diff = xp[:, :, i] - xp[:, :, j]  # (G, P, pairs)
         win = (1 + np.sign(diff) * order[:, None, :]) / 2
         gap = np.where(diff != 0, np.abs(diff), np.nan)
         move = (1, 0, 2)
         g = np.transpose(gap, move).reshape(len(perms), -1)
-        return g, np.transpose(win, move).reshape(len(perms), -1)
+        last[:] = perms, (g, np.transpose(win, move).reshape(len(perms), -1))
+        return last[1]
 
     return at
 
