@@ -266,3 +266,59 @@ def test_a_batch_alignment_without_a_mix_is_a_problem(tmp_path):
 
     exp = _exp(tmp_path, train={"budget": {"align": ["none", "batch"]}})
     assert any("align: batch trains the mix" in p for p in checks.problems(exp))
+
+
+def _demo_like_frame() -> pd.DataFrame:
+    """The shipped demo's shape (configs/sandbox.yaml: 3 teachers, 2 students, 2 tasks) in the
+    intersection regime, with what its report read as a trend: on both tasks the stronger of two
+    close teachers scores a little higher and the strongest of all a little lower, by fractions
+    of a point (differences its group decisions call equivalent)."""
+    rows = []
+    for task, accs in (("sandbox_addition", (0.35, 0.62, 0.91)),
+                       ("sandbox_coin_flip", (0.52, 0.60, 0.80))):  # fmt: skip
+        for student, base in (("student-xs", 0.30), ("student-s", 0.40)):
+            for teacher, acc, post in zip(("teacher-s", "teacher-m", "teacher-l"), accs,
+                                          (0.500, 0.503, 0.498), strict=True):  # fmt: skip
+                rows.append({"task": task, "student": student, "regime": "intersection",
+                             "teacher": teacher, "post_acc": base + post, "gain": post,
+                             "teacher_acc": acc, "teacher_size": {"teacher-s": 1, "teacher-m": 2,
+                             "teacher-l": 4}[teacher] * 1e6, "student_size": 1e5 * (1 + base),
+                             "n_examples": 100.0, "family": "sandbox", "base_acc": base})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_demo_shape_no_longer_reads_a_trend(tmp_path):
+    """On the demo's shape the win-rate trend rests on two tasks: errors clustered by task
+    (statsmodels CR1, what the study used) call the slope significant; the teacher-level test
+    says 'too few' (3 teachers), in the study, the report and the viewer."""
+    import json
+
+    import statsmodels.api as sm
+
+    from harness.analysis import analyze, report
+    from harness.present import view
+
+    frame = _demo_like_frame()
+    pairs = st.teacher_pairs(frame)
+    assert len(pairs) == 12 and pairs["task"].nunique() == 2
+    x = np.column_stack([np.ones(len(pairs)), pairs["gap"] / 10])
+    cr1 = sm.GLM(pairs["win"], x, family=sm.families.Binomial()).fit(
+        cov_type="cluster", cov_kwds={"groups": pd.factorize(pairs["task"])[0]}
+    )
+    assert cr1.params.iloc[1] < 0 and cr1.pvalues.iloc[1] < 0.05  # the false finding
+    study = st.stronger_teacher(frame, 0.05, (0, 10, 20, 40, 100))
+    (reading,) = study["readings"]
+    assert "12 teacher pairs from 3 teachers on 2 task(s)" in reading
+    assert reading.endswith("too few teachers (3: no teacher-level test can reach p ≤ 0.05; it "
+                            "needs ≥ 5)")  # fmt: skip
+    text = report._studies({"studies": {"stronger_teacher": study}})
+    assert "wins less often" not in text and "wins more often" not in text
+    assert "too few teachers (3" in text
+    path = tmp_path / "analysis.json"
+    path.write_text(json.dumps(analyze.jsonable({"studies": {"stronger_teacher": study}})))
+    shown = view._studies(path)["stronger_teacher"]
+    assert shown["readings"] == study["readings"]
+    assert all(r[-1].startswith(st.TOO_FEW) for r in shown["tables"][0]["rows"])
+    for part in (st.quantity_quality(frame, {}, 0.05, 0.1)["readings"][0],
+                 *st.capacity_gap(frame, 0.05)["readings"]):  # fmt: skip
+        assert "too few" in part, part
