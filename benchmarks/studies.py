@@ -2,18 +2,24 @@
 
     .venv/bin/python -m benchmarks.studies              # about 10 minutes on 2 cores
     .venv/bin/python -m benchmarks.studies --runs 200   # quicker, noisier
+    .venv/bin/python -m benchmarks.studies --grid --runs 100   # the grid-level suite
 
 Each analysis is run on synthetic grids twice: with an effect planted (the share of runs that
 find it: power) and with none (the share that claim one anyway: the false-positive rate, to be
 compared with its stated alpha = 0.05). The nulls carry what makes them hard: a teacher effect on
 every student of a task (shared traces), unrelated to the property under test, and a task effect.
 tests/test_studies.py runs the same functions with few runs and asserts the bounds; the Markdown
-table this prints goes to benchmarks/README.md.
+table this prints goes to benchmarks/README.md. With --grid: every cross-group reading under
+nulls where a teacher's quality is shared by every task and student (with teacher x task and
+teacher x student effects), grids of 3-8 teachers, 2-4 students, 4-12 tasks, next to the naive
+test that permutes teachers within each task; then power at realistic effects
+(tests/test_grid_level.py runs a few of these cells).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -332,10 +338,54 @@ def rate(name: str, planted: bool, runs: int, seed: int = 0, **grid: Any) -> flo
     return float(np.mean([PER_RUN[name](rng, planted, **grid) for _ in range(runs)]))
 
 
+GRID_SHAPES = [(t, s, k) for t in (3, 4, 5, 6, 8) for s, k in ((2, 4), (2, 12), (4, 6))]
+POWER = {  # analysis: teacher_grid's arguments at a realistic effect (shared quality SD 2 pts)
+    "capacity gap (report): gain vs teacher accuracy": {},
+    "stronger vs weaker teacher: win-rate trend": {},
+    "stronger vs weaker teacher: any win-rate bin": {},
+    "quantity vs quality: examples term": {},
+    "quantity vs quality: accuracy term": {},
+    "capacity gap: student size x teacher accuracy": {"students": 5},
+    "capacity gap: inverted U (two lines)": {"teachers": 8},
+}
+
+
+def grid_tables(runs: int) -> list[str]:
+    """The grid-level suite as Markdown: every cross-group reading's claim rate under each null
+    and grid shape (and the naive within-task test's), then power at realistic effects."""
+    short = ["capacity gap", "trend", "any bin", "quantity terms", "inverted U", "size × teacher"]
+    lines = ["| null | teachers | students | tasks | within-task test (naive) | "
+             + " | ".join(short) + " |", "|---" * (5 + len(short)) + "|"]  # fmt: skip
+    rows = (r for null in NULLS for shape in GRID_SHAPES
+            for r in null_rates(runs, {null: NULLS[null]}, [shape], seed=sum(shape)))  # fmt: skip
+    for row in rows:
+        cells = [
+            "too few" if row["too_few"][name] == 1.0 else f"{row['claims'].get(name, 0):.3f}"
+            for name, *_ in grid_level.CLAIMS
+        ]
+        lines.append(f"| {row['null']} | {row['teachers']} | {row['students']} | {row['tasks']} "
+                     f"| {row['naive']:.3f} | " + " | ".join(cells) + " |")  # fmt: skip
+        print(lines[-1], file=sys.stderr, flush=True)
+    lines += ["", "| analysis | teachers | students | tasks | power |", "|---|---|---|---|---|"]
+    for name, extra in POWER.items():
+        for t in (5, 6, 8) if "teachers" not in extra else (extra["teachers"],):
+            grid = {"tasks": 6, "students": 2, "quality_sd": 0.02, **extra, "teachers": t}
+            power = rate(name, True, runs, seed=3, **grid)
+            lines.append(f"| {name} | {t} | {grid['students']} | 6 | {power:.3f} |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=1000)
-    runs = p.parse_args().runs
+    p.add_argument("--grid", action="store_true", help="the grid-level suite: nulls x shapes")
+    args = p.parse_args()
+    runs = args.runs
+    if args.grid:
+        print("\n".join(grid_tables(runs)))
+        print(f"\n{runs} synthetic grids per cell.")
+        return
     print(f"| analysis | false-positive rate (null, alpha {ALPHA}) | power (planted) |")
     print("|---|---|---|")
     for name in (*PER_RUN, *VECTORISED):

@@ -515,7 +515,7 @@ def test_report_states_what_the_data_say(built) -> None:
     assert f"{n_deg} of 12 single adapters" in degraded
     gap = _section(report, "Capacity gap")
     assert "the strongest teacher (by accuracy) is in the best set in 2 of 2 groups" in gap
-    assert "too few teachers (the smallest possible p is 0.333; it needs ≥ 5" in gap
+    assert "too few teachers (3: the smallest possible p is 0.333; it needs ≥ 5" in gap
     assert "one relation, not two" in gap
     assert "a relation" not in gap.replace("one relation", "")
     v = _vectors("s_a", "per_teacher")

@@ -140,8 +140,8 @@ def test_size_interaction_takes_the_student_as_its_unit():
 
 
 def test_a_teacher_by_student_effect_is_not_a_size_interaction():
-    """Teacher x student effects unrelated to size, five students: the student-level test keeps
-    its level where a fit that takes tasks as its unit (a jackknife over tasks) cannot."""
+    """Teacher x student effects unrelated to size (the same on every task), five students:
+    the student-level test keeps its level."""
     runs = 60
     claims = [bench.rate("capacity gap: student size x teacher accuracy", False, 1, seed=s,
                          teacher_student_sd=0.05) for s in range(runs)]  # fmt: skip

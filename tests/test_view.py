@@ -390,3 +390,19 @@ def test_a_screened_out_row_is_reported_as_such_not_as_missing(viewed, tmp_path,
     index, _ = view.embedded(view.build(copy.root))
     rows = [v for v in index["distilled"].values() if "missing" in v]
     assert rows == [{"task": TASK, "missing": f"not trained: {why}"}]
+
+
+def test_the_page_states_the_teacher_level_capacity_gap_test(viewed) -> None:
+    """The report's capacity-gap test reaches the page with its 'too few' (this grid's teachers
+    cannot reach p <= 0.05 in any order), worded as the report words it."""
+    exp, _, index, _ = viewed
+    result = json.loads((exp.root / "analysis" / "analysis.json").read_text())
+    shown = index["studies"]["capacity_gap_test"]
+    report_text = (exp.root / "analysis" / "report.md").read_text(encoding="utf-8")
+    assert shown["readings"], shown
+    for line in shown["readings"]:
+        assert "too few teachers" in line and "it needs ≥ 5 teachers" in line
+        assert line in report_text.replace("**", "")
+    n = len(exp.teachers)
+    assert all(o["capacity_gap"]["gain~teacher_acc"]["n_teachers"] == n
+               for o in result["overall"].values() if o["n_decided"])  # fmt: skip

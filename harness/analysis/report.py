@@ -347,19 +347,22 @@ def _evidence(r: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
-def _capacity_gap(r: dict[str, Any]) -> str:
-    overall = {reg: o for reg, o in r["overall"].items() if o["n_decided"]}
-    if not overall:
-        return "## Capacity gap\n\nNo distilled cell is scored yet."
-    parts = [
-        "## Capacity gap",
-        "Is a teacher's gain related to its accuracy or size? Tested with teachers as the unit: "
-        "the mean within-group Spearman rho of gain and the property, against every order of "
-        "the teachers' labels, one order applied on every task, student and regime (a teacher "
-        "good everywhere counts once). Where this many teachers cannot reach the level the test "
-        "says 'too few' and how many it needs.",
-    ]
-    for reg, o in overall.items():
+CAPACITY_GAP_ABOUT = (
+    "Is a teacher's gain related to its accuracy or size? Tested with teachers as the unit: "
+    "the mean within-group Spearman rho of gain and the property, against every order of "
+    "the teachers' labels, one order applied on every task, student and regime (a teacher "
+    "good everywhere counts once). Where this many teachers cannot reach the level the test "
+    "says 'too few' and how many it needs."
+)
+
+
+def capacity_gap_readings(r: dict[str, Any]) -> list[str]:
+    """Per regime with decided groups: the strongest teacher's place in the best sets and the
+    teacher-level tests of gain against accuracy and size (the report and the viewer)."""
+    out = []
+    for reg, o in r["overall"].items():
+        if not o["n_decided"]:
+            continue
         cg = o["capacity_gap"]
         line = (
             f"**{reg}:** the strongest teacher (by accuracy) is in the best set in "
@@ -374,8 +377,15 @@ def _capacity_gap(r: dict[str, Any]) -> str:
                 "teacher accuracy and size order every task's teachers the same way: one relation, "
                 "not two"
             )
-        parts.append(line + "; ".join(tests) + ".")
-    return "\n\n".join(parts)
+        out.append(line + "; ".join(tests))
+    return out
+
+
+def _capacity_gap(r: dict[str, Any]) -> str:
+    lines = capacity_gap_readings(r)
+    if not lines:
+        return "## Capacity gap\n\nNo distilled cell is scored yet."
+    return "\n\n".join(["## Capacity gap", CAPACITY_GAP_ABOUT, *(f"{x}." for x in lines)])
 
 
 def _methods(r: dict[str, Any]) -> str:
@@ -427,17 +437,19 @@ def _topk_size(r: dict[str, Any]) -> str:
 
 
 def _perm(t: dict[str, Any]) -> str:
-    if _nan(t["rho"]):
-        return "not defined (fewer than 2 teachers in every group, or no spread)"
-    text = (
-        f"mean rho {t['rho']:+.2f}, teacher-permutation p={pval(t['p'])} ({t['n_teachers']} "
-        f"teachers, {t['n_groups']} groups)"
-    )
-    if t["too_few"]:
-        return text + (
-            f": too few teachers (the smallest possible p is {t['smallest_p']:.3f}; it needs ≥ "
-            f"{t['needed']} teachers)"
+    n = t.get("n_teachers", 0)
+    if t["too_few"] and n:
+        rho = "" if _nan(t["rho"]) else f"mean rho {t['rho']:+.2f}, "
+        return (
+            f"{rho}too few teachers ({n}: the smallest possible p is {t['smallest_p']:.3f}; it "
+            f"needs ≥ {t['needed']} teachers)"
         )
+    if _nan(t["rho"]):
+        return "not defined (no group holds every teacher, or no spread)"
+    text = (
+        f"mean rho {t['rho']:+.2f}, teacher-permutation p={pval(t['p'])} ({n} teachers, "
+        f"{t['n_groups']} groups)"
+    )
     if not t["rejects"]:
         return text + ": inconclusive"
     return text + (": gain rises with it" if t["rho"] > 0 else ": gain falls with it")

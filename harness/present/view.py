@@ -311,9 +311,19 @@ def _studies(path: Path) -> dict[str, Any]:
     tables (harness/analysis/studies.py); empty for an analysis without them."""
     if not path.exists():
         return {}
-    studies = read_json(path, "re-run `cotgap analyze <config>`").get("studies") or {}
+    from harness.analysis import report
+
+    result = read_json(path, "re-run `cotgap analyze <config>`")
+    studies = result.get("studies") or {}
     keep = ("title", "about", "readings", "tables")
-    return {name: {k: s[k] for k in keep} for name, s in studies.items()}
+    out = {name: {k: s[k] for k in keep} for name, s in studies.items()}
+    gap = report.capacity_gap_readings(result) if result.get("overall") else []
+    if gap:  # the report's teacher-level capacity-gap test, with its 'too few'
+        out["capacity_gap_test"] = {"title": "Capacity gap (teacher-level test)",
+                                    "about": report.CAPACITY_GAP_ABOUT,
+                                    "readings": [g.replace("**", "") for g in gap],
+                                    "tables": []}  # fmt: skip
+    return out
 
 
 def _cell_value(v: str) -> Any:
