@@ -265,7 +265,7 @@ def naive_claims(frame: pd.DataFrame, draws: int = 999, seed: int = 0) -> bool:
     rng = np.random.default_rng(seed)
     keys, _, arr = grid_level.block(frame, ["gain", "teacher_acc"])
     y, x = arr["gain"], arr["teacher_acc"]
-    keep = (np.ptp(y, axis=1) > 0) & (np.ptp(x, axis=1) > 0)
+    keep = grid_level.spread(y) & grid_level.spread(x)
     ry, rx = grid_level._standard_ranks(y[keep]), grid_level._standard_ranks(x[keep])
     tasks = pd.factorize(keys["task"][keep])[0]
     n = y.shape[1]

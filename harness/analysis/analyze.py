@@ -723,9 +723,11 @@ def capacity_gap(a: AnalysisConfig, means: pd.DataFrame) -> dict[str, Any]:
         n = len(teachers) if len(keys) else 0
         stat = grid_level.mean_rank_correlation(arr["gain"], arr["prop"])
         test = grid_level.permutation_test(stat, n, 1 - a.ci, seed=a.seed)
-        used = (np.ptp(arr["gain"], axis=1) > 0) & (np.ptp(arr["prop"], axis=1) > 0)
+        used = grid_level.spread(arr["gain"]) & grid_level.spread(arr["prop"])
         out[f"gain~{x}"] = {**test.as_dict(), "rho": test.statistic, "n_teachers": n,
                             "n_groups": int(used.sum()) if n else 0}  # fmt: skip
+    keys, _, arr = grid_level.block(have, ["gain"])
+    out["components"] = grid_level.teacher_components(100 * grid_level.cube(keys, arr["gain"])[2])
     per_task = have.drop_duplicates(["task", "teacher"])
     rhos = [
         adapters.spearman_exact(t["teacher_acc"], t["teacher_size"]).rho

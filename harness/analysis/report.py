@@ -377,6 +377,13 @@ def capacity_gap_readings(r: dict[str, Any]) -> list[str]:
                 "teacher accuracy and size order every task's teachers the same way: one relation, "
                 "not two"
             )
+        sd = cg.get("components") or {}
+        if not _nan(sd.get("teacher", math.nan)):
+            tests.append(
+                f"teacher effects on gain (SD, pts): {sd['teacher']:.1f} shared by every task and "
+                f"student, {sd['teacher_x_task']:.1f} teacher × task, {sd['teacher_x_student']:.1f} "
+                f"teacher × student, {sd['residual']:.1f} left over"
+            )
         out.append(line + "; ".join(tests))
     return out
 

@@ -544,17 +544,13 @@ def size_interaction(
            "needed": grid_level.units_needed(alpha), "prop": prop}  # fmt: skip
     if out["n_sizes"] < 2 or df["teacher"].nunique() < 2:
         return out
-    keys, teachers, arr = grid_level.block(df, ["gain", prop, "student_size"])
-    students = sorted(keys["student"].unique(), key=str)
-    full = keys.groupby("task")["student"].nunique() == len(students)
-    tasks = sorted(full[full].index, key=str)
+    keys, _, arr = grid_level.block(df, ["gain", prop, "student_size"])
+    tasks, students, gain = grid_level.cube(keys, arr["gain"])
     if not tasks:
         return out
-    where = {(t, s): i for i, (t, s) in enumerate(zip(keys["task"], keys["student"], strict=True))}
-    rows = np.array([[where[t, s] for s in students] for t in tasks])  # (tasks, students)
-    size = np.log10(arr["student_size"][rows[0], 0])
-    scaled = PROPS[prop][0](arr[prop][rows].mean(axis=1))  # (tasks, teachers)
-    stat = grid_level.student_interaction(100 * arr["gain"][rows], scaled, size)
+    size = np.log10(grid_level.cube(keys, arr["student_size"])[2][0, :, 0])
+    scaled = PROPS[prop][0](grid_level.cube(keys, arr[prop])[2].mean(axis=1))  # (tasks, teachers)
+    stat = grid_level.student_interaction(100 * gain, scaled, size)
     test = teacher_test(stat, len(students), alpha)
     out.update(n_tasks=len(tasks), smallest_p=test.smallest_p, test=test.as_dict(),
                estimate=None if math.isnan(test.statistic) else test.statistic)  # fmt: skip

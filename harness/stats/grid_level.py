@@ -74,12 +74,25 @@ def block(
     acts on. A group that lacks a teacher some other group has is left out (every group must
     hold the same teachers for one permutation to apply to all)."""
     df = frame.dropna(subset=list(columns))
+    if df.empty:
+        return pd.DataFrame(columns=list(by)), [], {c: np.empty((0, 0)) for c in columns}
     teachers = sorted(df["teacher"].unique(), key=str)
     means = df.groupby([*by, "teacher"], sort=True)[list(columns)].mean().unstack("teacher")
     keep = means.notna().all(axis=1).to_numpy()
     keys = means.index[keep].to_frame(index=False)
     wide = {c: means[c].reindex(columns=teachers).to_numpy(dtype=float)[keep] for c in columns}
     return keys, teachers, wide
+
+
+def cube(keys: pd.DataFrame, values: np.ndarray) -> tuple[list, list, np.ndarray]:
+    """`block`'s (task, student) rows as a balanced (tasks x students x ...) array: the tasks
+    that hold every student (each with every teacher), and the students."""
+    students = sorted(keys["student"].unique(), key=str)
+    full = keys.groupby("task")["student"].nunique() == len(students)
+    tasks = sorted(full[full].index, key=str)
+    where = {(t, s): i for i, (t, s) in enumerate(zip(keys["task"], keys["student"], strict=True))}
+    rows = np.array([[where[t, s] for s in students] for t in tasks], dtype=int)
+    return tasks, students, values[rows.reshape(len(tasks), len(students))]
 
 
 # --- the test ------------------------------------------------------------------------------------
@@ -168,6 +181,11 @@ def permutation_test(
 # --- statistics: each evaluated under a batch of permutations -------------------------------------
 
 
+def spread(a: np.ndarray) -> np.ndarray:
+    """Per row (group): whether its values differ."""
+    return np.ptp(a, axis=1) > 0 if a.size else np.zeros(len(a), dtype=bool)
+
+
 def _standard_ranks(a: np.ndarray) -> np.ndarray:
     """Each row's ranks, centred and scaled to unit length (zero for a row without spread), so
     that the dot product of two rows is Spearman's rho."""
@@ -183,7 +201,7 @@ def mean_rank_correlation(outcome: np.ndarray, prop: np.ndarray) -> Callable:
     """The mean over groups (rows) of the within-group Spearman rho of outcome and the teachers'
     property (columns: teachers, in the same order in every row), as a statistic of the teacher
     permutation. Rows where either has no spread are left out."""
-    keep = (np.ptp(outcome, axis=1) > 0) & (np.ptp(prop, axis=1) > 0)
+    keep = spread(outcome) & spread(prop)
     ry, rx = _standard_ranks(outcome[keep]), _standard_ranks(prop[keep])
 
     def stat(perms: np.ndarray) -> np.ndarray:
@@ -319,3 +337,37 @@ def design(n_teachers: int, n_students: int, alpha: float, n_bins: int = 1) -> l
         out.append({"claim": claim, "unit": unit, "n": n, "level": level, "needed": needed,
                     "smallest_p": smallest_p(n, alternative), "supported": n >= needed})  # fmt: skip
     return out
+
+
+# --- how much of the gain is the teacher's, everywhere or per task / student ----------------------
+
+
+def teacher_components(gain: np.ndarray) -> dict[str, float]:
+    """Variance components of the gains of a balanced block (tasks x students x teachers, one
+    value per cell), the (task, student) groups' own levels removed: the SD of a teacher's
+    effect shared by every task and student (`teacher`), of its teacher x task and teacher x
+    student effects, and what is left (teacher x task x student, with the replicate noise).
+    Method of moments on the mean squares of the three-way layout (each expected mean square a
+    known sum of the components: MS_T = KS s2_T + S s2_TK + K s2_TS + s2_e, MS_TK = S s2_TK +
+    s2_e, MS_TS = K s2_TS + s2_e), a negative estimate read as 0. Written out rather than a
+    likelihood fit: one value per cell gives these closed forms exactly, while MixedLM's crossed
+    fit of a handful of teachers stalls at the zero boundary. Descriptive: the permutation
+    tests above need none of it."""
+    k, s, t = gain.shape
+    nan = {"teacher": math.nan, "teacher_x_task": math.nan, "teacher_x_student": math.nan,
+           "residual": math.nan}  # fmt: skip
+    if min(k, s, t) < 2:
+        return nan
+    y = gain - gain.mean(axis=2, keepdims=True)  # teacher deviations within each group
+    m_t = y.mean(axis=(0, 1))  # (t,)
+    m_kt = y.mean(axis=1) - m_t  # (k, t)
+    m_st = y.mean(axis=0) - m_t  # (s, t)
+    e = y - m_t - m_kt[:, None, :] - m_st[None, :, :]
+    ms_t = k * s * (m_t**2).sum() / (t - 1)
+    ms_kt = s * (m_kt**2).sum() / ((k - 1) * (t - 1))
+    ms_st = k * (m_st**2).sum() / ((s - 1) * (t - 1))
+    ms_e = (e**2).sum() / ((k - 1) * (s - 1) * (t - 1))
+    var = {"teacher": (ms_t - ms_kt - ms_st + ms_e) / (k * s),
+           "teacher_x_task": (ms_kt - ms_e) / s, "teacher_x_student": (ms_st - ms_e) / k,
+           "residual": ms_e}  # fmt: skip
+    return {name: math.sqrt(max(v, 0.0)) for name, v in var.items()}
