@@ -3,6 +3,7 @@
     .venv/bin/python -m benchmarks.studies              # about 10 minutes on 2 cores
     .venv/bin/python -m benchmarks.studies --runs 200   # quicker, noisier
     .venv/bin/python -m benchmarks.studies --grid --runs 100   # the grid-level suite
+    .venv/bin/python -m benchmarks.studies --level --runs 10000   # each test's level, on arrays
 
 Each analysis is run on synthetic grids twice: with an effect planted (the share of runs that
 find it: power) and with none (the share that claim one anyway: the false-positive rate, to be
@@ -376,12 +377,51 @@ def grid_tables(runs: int) -> list[str]:
     return lines
 
 
+def level_checks(runs: int, teachers: int = 5, groups: int = 12, seed: int = 0) -> list[str]:
+    """Each grid-level statistic straight on arrays (no frames: thousands of grids a minute),
+    under a null with a teacher quality shared by every group and a teacher x group effect:
+    the share of `runs` grids whose test rejects at its level, per reading line."""
+    rng = np.random.default_rng(seed)
+    n, k = teachers, groups
+    hits: dict[str, int] = {}
+    for _ in range(runs):
+        acc = np.sort(rng.uniform(20, 90, (k, n)), axis=1)
+        log_n = 6 + acc / 50 + rng.normal(0, 0.8, (k, n))
+        gain = rng.normal(0, 3, (1, n)) + rng.normal(0, 3, (k, n)) + rng.normal(0, 2, (k, 1))
+        wins = grid_level.pair_wins(gain, acc)
+        coefs = grid_level.within_slopes(gain, np.stack([log_n, acc / 10], axis=2))
+        size = np.log10(np.logspace(8, 10, n))  # as many students as teachers
+        tests = {
+            "capacity gap: mean rho": (grid_level.mean_rank_correlation(gain, acc), ALPHA),
+            "win-rate trend": (grid_level.win_slope(wins), ALPHA),
+            "win-rate bin 20-40": (grid_level.win_rate_in(wins, 20, 40, False), ALPHA / 3),
+            "quantity: examples term": (grid_level.column(coefs, 0), ALPHA),
+            "quantity: accuracy term": (grid_level.column(coefs, 1), ALPHA),
+            "size interaction (students)": (
+                grid_level.student_interaction(gain.reshape(1, k, n)[:, :n], acc[:1], size),
+                ALPHA,
+            ),
+        }
+        for name, (stat, level) in tests.items():
+            hits[name] = hits.get(name, 0) + grid_level.permutation_test(stat, n, level).rejects
+    lines = ["| reading | level | rejection rate |", "|---|---|---|"]
+    for name, h in hits.items():
+        level = ALPHA / 3 if "bin" in name else ALPHA
+        lines.append(f"| {name} | {level:.4f} | {h / runs:.4f} |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--grid", action="store_true", help="the grid-level suite: nulls x shapes")
+    p.add_argument("--level", action="store_true", help="each grid-level test's level, on arrays")
     args = p.parse_args()
     runs = args.runs
+    if args.level:
+        print("\n".join(level_checks(runs)))
+        print(f"\n{runs} synthetic grids, 5 teachers (5 students for the interaction).")
+        return
     if args.grid:
         print("\n".join(grid_tables(runs)))
         print(f"\n{runs} synthetic grids per cell.")
