@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from harness.config.schema import canonical, config_hash
 from harness.errors import LockedError, UserError
 
-CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter", "analysis")
+CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter")  # the one list of cell kinds
 _KEY_RE = re.compile(r"^[0-9a-f]{20}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -327,8 +327,8 @@ class Store:
                 stale.acquire(timeout=0)
                 _release(stale)
 
-    def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> Cell:
-        return Cell(self, kind, key, config, upstream)
+    def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> OpenCell:
+        return OpenCell(self, kind, key, config, upstream)
 
     def check(self) -> list[tuple[str, str, str]]:
         """(kind, key, problem) for every complete cell whose files differ from its manifest: a
@@ -360,8 +360,9 @@ def _outputs_problem(cell_dir: Path, outputs: Mapping[str, str]) -> str | None:
     return None
 
 
-class Cell:
-    """A cell being computed. Use as a context manager; call `finish()` to complete it."""
+class OpenCell:
+    """A cell being computed, as a context manager; `finish()` completes it. (What a cell is, its
+    identity and inputs, is the spec harness/workflow/cells.py: Cell.)"""
 
     def __init__(self, store: Store, kind: str, key: str, config: Any, upstream: Sequence[str]):
         self.store, self.kind, self.key = store, kind, key
@@ -372,7 +373,7 @@ class Cell:
         self._start = time.time()
         self._writers: list[JsonlWriter] = []
 
-    def __enter__(self) -> Cell:
+    def __enter__(self) -> OpenCell:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire(timeout=0)

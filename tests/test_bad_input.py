@@ -712,7 +712,7 @@ def test_line_separator_inside_a_json_string_is_not_a_line_break(ws: Workspace) 
     """U+2028 inside a JSON string (json.dumps(ensure_ascii=False) writes it raw) is one row."""
     tasks = ws.root / "tasks"
     tasks.mkdir()
-    spec = yaml.safe_load((REPO / "harness" / "tasks_data" / "gsm8k.yaml").read_text())
+    spec = yaml.safe_load((REPO / "tasks" / "gsm8k.yaml").read_text())
     spec.pop("sizes")
     (tasks / "gsm8k.yaml").write_text(yaml.safe_dump(spec))
     question = "Tom has 2 apples\u2028and buys 3. How many?"
@@ -743,7 +743,7 @@ def test_validate_checks_the_task_files(ws: Workspace, problem: str) -> None:
     """A task YAML that plan would refuse is refused by validate (with its path and lines)."""
     tasks = ws.root / "tasks"
     tasks.mkdir()
-    for p in (REPO / "harness" / "tasks_data").glob("*.yaml"):
+    for p in (REPO / "tasks").glob("*.yaml"):
         (tasks / p.name).write_bytes(p.read_bytes())
     path = tasks / "sandbox_addition.yaml"
     lines = path.read_text().splitlines(keepends=True)

@@ -20,7 +20,7 @@ from harness.tasks import suite as tasks
 from harness.workflow import grid
 
 REPO = Path(__file__).resolve().parents[1]
-BBH_PROMPTS = REPO / "harness" / "tasks_data" / "bbh" / "cot-prompts"
+BBH_PROMPTS = REPO / "tasks" / "bbh" / "cot-prompts"
 
 # Run in a child whose path holds the installed wheel first, then the venv's site-packages (the
 # dependencies); the repository is not on it.
@@ -43,10 +43,11 @@ print(json.dumps({"file": harness.__file__, "names": names, "shots": len(shots),
 def installed(tmp_path_factory) -> Path:
     """The wheel of a copy of the repository's package files, installed into a clean target."""
     src, wheels, target = (tmp_path_factory.mktemp(n) for n in ("src", "wheels", "target"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "harness", src / "harness", ignore=ignore)
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
@@ -88,7 +89,7 @@ def test_the_wheel_lists_a_task_from_an_outside_folder_beside_the_built_in_ones(
 
     outside = tmp_path / "my-tasks"
     outside.mkdir()
-    spec = yaml.safe_load((REPO / "harness" / "tasks_data" / "sandbox_addition.yaml").read_text())
+    spec = yaml.safe_load((REPO / "tasks" / "sandbox_addition.yaml").read_text())
     (outside / "my_addition.yaml").write_text(yaml.safe_dump({**spec, "name": "my_addition"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COTGAP_TASK")}
     env["PYTHONPATH"] = os.pathsep.join([str(installed), *site.getsitepackages()])

@@ -18,7 +18,7 @@ from harness.errors import UserError
 from harness.execution import schedule
 from harness.store import Store
 from harness.workflow import grid
-from harness.workflow.cells import Cell
+from harness.workflow.cells import KINDS, Cell
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 
@@ -28,7 +28,7 @@ class FakeStages(dict):
     dataset of `empty_teacher` (if any) is built with no examples."""
 
     def __init__(self, empty_teacher: str | None = None) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
         self.calls: list[tuple[str, list[str]]] = []
         self.empty = empty_teacher
 

@@ -25,6 +25,7 @@ from harness.stages.train import collate
 from harness.store import Store, read_jsonl
 from harness.tasks import answers
 from harness.workflow import grid, regimes
+from harness.workflow.cells import KINDS
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 
@@ -275,7 +276,7 @@ class ScreenedStages(dict):
     better teacher except in the matched regime; the adapter stage can die after `die_after`."""
 
     def __init__(self, die_after: int | None = None) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
         self.trained: list[str] = []
         self.die_after = die_after
 

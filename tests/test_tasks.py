@@ -19,6 +19,7 @@ import pytest
 import yaml
 from helpers import opened_files
 
+from harness.config import schema as config
 from harness.errors import UserError
 from harness.tasks import answers, scoring
 from harness.tasks import suite as tasks
@@ -94,10 +95,8 @@ def test_unknown_task_names_the_nearest():
 
 
 def test_bad_task_yaml_is_reported_with_file_and_key(tmp_path, monkeypatch):
+    good = yaml.safe_load((config.tasks_dir() / "coin_flip.yaml").read_text())
     monkeypatch.setenv("COTGAP_TASKS_DIR", str(tmp_path))
-    good = yaml.safe_load(
-        (Path(tasks.__file__).parent / "tasks_data" / "coin_flip.yaml").read_text()
-    )
     (tmp_path / "coin_flip.yaml").write_text(yaml.safe_dump({**good, "headlin": "strict"}))
     with pytest.raises(
         UserError, match=r"coin_flip.yaml: headlin: unknown key; did you mean 'headline'"
@@ -783,7 +782,6 @@ def test_source_version_is_the_sandbox_generators_version():
 def test_task_path_adds_folders_next_to_the_built_in_tasks(tmp_path, monkeypatch):
     """COTGAP_TASK_PATH: a task in an extra folder is found by name beside every built-in task,
     and shadows a built-in of the same name."""
-    from harness.config import schema as config
     from harness.tasks import suite as tasks
 
     builtin = config.task_names()

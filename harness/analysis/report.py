@@ -113,10 +113,6 @@ def _who(g: dict[str, Any]) -> str:
     return f"{g['student']} on {g['task']} ({g['regime']})"
 
 
-def _names(names: list[str]) -> str:
-    return " = ".join(names) if names else "–"
-
-
 # --- sections ------------------------------------------------------------------------------------
 
 

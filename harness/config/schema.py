@@ -176,10 +176,15 @@ PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
 def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else the package's harness/tasks_data/
-    (package data: a wheel ships it, an editable install reads it in place)."""
+    """The directory of the built-in task YAMLs: $COTGAP_TASKS_DIR, else the copy a wheel ships
+    (harness/tasks_data/, made from tasks/ by setup.py), else the repository's top-level tasks/
+    (a source checkout or an editable install reads it in place)."""
     env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks_data"
+    if env:
+        return Path(env)
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "tasks_data"
+    return shipped if shipped.is_dir() else package.parent / "tasks"
 
 
 def task_dirs() -> list[Path]:

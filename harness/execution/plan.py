@@ -437,7 +437,7 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             lines.append(f"  {stage}: {hours[stage]:,.1f}")
     lines.append(f"  total: {sum(hours.values()):,.1f}")
     for model, cost in estimate.served_cost(exp, tokens).items():
-        price = "no price in estimate.prices" if cost != cost else f"at most {cost:,.2f}"
+        price = "no price in costs.prices" if cost != cost else f"at most {cost:,.2f}"
         lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
     return lines
 

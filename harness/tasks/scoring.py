@@ -44,7 +44,7 @@ VERDICT_FIELDS = ("strict", "flexible", "strict_correct", "flexible_correct", "c
 
 
 def verdict(headline: str, strict_ok: bool, flexible_ok: bool) -> bool:
-    """An item's verdict: its task's headline reading (tasks_data/<name>.yaml `headline`)."""
+    """An item's verdict: its task's headline reading (tasks/<name>.yaml `headline`)."""
     return strict_ok if headline == "strict" else flexible_ok
 
 
@@ -229,7 +229,7 @@ def _read_predictions(
             raise UserError(f"{where}: field 'completion' is missing or not text.")
         _no_lone_surrogate(rec, where)
         if rec["id"] in excluded_ids(spec):
-            continue  # a row the task excludes (tasks_data/<name>.yaml `exclude`): counted, not scored
+            continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
         if rec["id"] not in by_id:
             raise UserError(
                 f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "

@@ -1,4 +1,4 @@
-"""The task suite: harness/tasks_data/*.yaml -> items and prompts (scoring them: harness/tasks/scoring.py).
+"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/tasks/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
@@ -300,7 +300,7 @@ def task_spec(task: TaskSpec | str) -> TaskSpec:
 
 
 def _sizes(spec: TaskSpec) -> dict[str, int]:
-    """Items each split has (tasks_data/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
     sb = spec.source.sandbox
     return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
@@ -724,7 +724,7 @@ def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
 
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
-    """The rows a task leaves out of every split (tasks_data/<name>.yaml `exclude`), with the reason."""
+    """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
     return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
@@ -819,7 +819,7 @@ def _file_of(name: str) -> Path:
 
 def _prompts_file(rel: str, root: Path | None) -> Path:
     """A prompts file named relative to the data dir: the data dir's copy where it holds one, else
-    the copy the package ships under the tasks dir (harness/tasks_data/bbh/cot-prompts: the same
+    the copy the package ships under the tasks dir (tasks/bbh/cot-prompts: the same
     bytes as the BBH repository's)."""
     if root is not None and (root / rel).is_file():
         return root / rel

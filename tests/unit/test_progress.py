@@ -65,7 +65,7 @@ def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatc
         "        bar.update({'fields': f'loss {1 / (step + 1):.3f}', 'samples': 1, 'tokens': 10})\n"
     )
     fails = "import sys; print('warming up'); sys.exit('error: the reason it stopped')"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     with progress.Relay(2, every=0.01) as relay:
         env = {**os.environ, **relay.env(0)}
         done = subprocess.run(

@@ -17,7 +17,7 @@ from harness.errors import UserError
 from harness.execution import plan
 from harness.workflow import estimate, grid
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 STUDY = REPO / "configs" / "paper-study.yaml"
 
 
@@ -131,7 +131,7 @@ def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
         "measured"
     )
     data["costs"] = {"throughput": [{"model": "qwen2.5-8b", "generate": 10_000}]}
-    with pytest.raises(UserError, match=r"estimate.throughput: not a model .*qwen2.5-8b"):
+    with pytest.raises(UserError, match=r"costs.throughput: not a model .*qwen2.5-8b"):
         parse(Experiment, data, "x.yaml")
 
 

@@ -40,7 +40,7 @@ from harness.workflow.cells import (
     Traces,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "grid"
 CONFIGS = {
     "sandbox": FIXTURES / "sandbox.yaml",  # the demo config before it had replicates

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from harness.config.schema import Experiment, load_experiment
 from harness.errors import UserError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 MINIMAL = {
     "name": "t",

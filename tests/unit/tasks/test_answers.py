@@ -16,7 +16,7 @@ from harness.tasks.answers import EXTRACTORS, canonical, equivalent, final_segme
 from harness.tasks.scoring import explain, score
 from harness.tasks.suite import Scoring, load_task
 
-FIXTURES = Path(__file__).parent / "fixtures" / "answers"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "answers"
 EXTRACTION = yaml.safe_load((FIXTURES / "extraction.yaml").read_text(encoding="utf-8"))
 EQUIVALENCE = yaml.safe_load((FIXTURES / "equivalence.yaml").read_text(encoding="utf-8"))
 GOLDEN = yaml.safe_load((FIXTURES / "golden.yaml").read_text(encoding="utf-8"))
