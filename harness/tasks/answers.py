@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -866,22 +866,65 @@ def _latex_key(s: str) -> str:
     return _LATEX_NOISE.sub("", s).rstrip(".")
 
 
-def _mv_timeout() -> int | None:
-    # Math-Verify's timeouts use signal.alarm, which works only in the main thread.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+# Math-Verify is called without its timeouts: they are a SIGALRM after 5 s of wall clock, so a
+# pair near the limit scored differently on a busy machine than on an idle one (and they work in
+# the main thread only). The work is bounded by the input instead: at most MV_MAX_CHARS characters
+# (checked by the caller), no number the parser would build past MV_MAX_DIGITS digits (a power
+# tower, a large factorial), and no symbolic simplification of a parsed expression larger than
+# MV_MAX_OPS operations. A verdict is then a function of the two answers alone.
+MV_MAX_CHARS = 500
+MV_MAX_DIGITS = 2000
+MV_MAX_OPS = 100
+_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*(\d+(?:\.\d+)?)\s*\}?(?!\s*\^)")
+_FACTORIAL = re.compile(r"(\d+)\s*!")
+
+
+def _mv_bounded(text: str) -> bool:
+    """Whether Math-Verify's parser can read `text` without building a huge number: no power
+    tower (a^{b^c}), no power or factorial whose value would pass MV_MAX_DIGITS digits."""
+    if re.search(r"\^\s*\{[^{}]*\^", text) or re.search(r"\^\s*[0-9a-z]\s*\^", text):
+        return False
+    for base, exp in _POWER.findall(text):
+        b, e = float(base), float(exp)
+        if b > 1 and e * math.log10(b) > MV_MAX_DIGITS:
+            return False
+    # n! has about n log10(n / e) digits
+    return all(int(n) < 1000 for n in _FACTORIAL.findall(text))
 
 
 @functools.lru_cache(maxsize=8192)
-def _mv_parse(text: str, timeout: int | None, units: bool) -> tuple:
-    """Math-Verify's reading of an answer. Its unit normalisation (`units`) also drops letters
-    that are variables (the m of \\frac{37}{4}m), so it is used only where a task strips units."""
+def _mv_parse(text: str, units: bool) -> tuple:
+    """Math-Verify's reading of an answer (no timeout: see MV_MAX_CHARS). Its unit normalisation
+    (`units`) also drops letters that are variables (the m of \\frac{37}{4}m), so it is used only
+    where a task strips units."""
+    import logging
+
     from latex2sympy2_extended.math_normalization import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse
 
+    # its warning that no timeout is set is what is meant here
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     norm = NormalizationConfig(basic_latex=True, units=units, malformed_operators=True, nits=True,
                                boxed="all", equations=False)  # fmt: skip
     config = [LatexExtractionConfig(normalization_config=norm)]
-    return tuple(parse("\\boxed{" + text + "}", config, parsing_timeout=timeout))
+    return tuple(parse("\\boxed{" + text + "}", config, parsing_timeout=None))
+
+
+def _mv_small(parsed: tuple) -> bool:
+    """Whether every parsed expression is small enough for symbolic comparison (MV_MAX_OPS)."""
+    from sympy import Basic
+
+    return all(not isinstance(x, Basic) or x.count_ops() <= MV_MAX_OPS for x in parsed)
+
+
+@functools.lru_cache(maxsize=8192)
+def _mv_verify(gold: str, pred: str, units: bool) -> bool:
+    from math_verify import verify
+
+    gold_parsed, pred_parsed = _mv_parse(gold, units), _mv_parse(pred, units)
+    if not (gold_parsed and pred_parsed and _mv_small(gold_parsed) and _mv_small(pred_parsed)):
+        return False
+    return verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
 
 
 # 1e-5, 2.5E+3: scientific notation as LaTeX writes it (Math-Verify reads "e" as Euler's number)
@@ -924,24 +967,37 @@ def _math_equivalent(
     p, g = _fraction(_delatex(pred)), _fraction(_delatex(gold))
     if p is not None and g is not None:
         return p == g
-    if len(pred) > 500 or len(gold) > 500:
+    if max(len(pred), len(gold)) > MV_MAX_CHARS or not (_mv_bounded(pred) and _mv_bounded(gold)):
         return False
-    from math_verify import verify
-
-    timeout = _mv_timeout()
     for units in (False, True) if strip_units else (False,):
         try:
-            gold_parsed = _mv_parse(gold, timeout, units)
-            pred_parsed = _mv_parse(pred, timeout, units)
-            if (
-                gold_parsed
-                and pred_parsed
-                and verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout)
-            ):
-                return True
+            if _mv_verify(gold, pred, units):
+                return _close_as_stated(pred, gold)
         except Exception:  # Math-Verify's sympy layer can fail in many ways; none is a match.
             pass
     return False
+
+
+# a plain decimal number, optionally in scientific notation (as _math_form writes it)
+_STATED = re.compile(
+    r"\s*(-?)\s*(\d+)(?:\.(\d+))?\s*(?:(?:\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?)?\s*"
+)
+
+
+def _close_as_stated(pred: str, gold: str) -> bool:
+    """Math-Verify rounds numbers to 6 decimal places, so any two below 5e-7 match (3.3e-22 and
+    1.3e-27). Where both answers are plain decimal numbers, they must also agree to the precision
+    one of them states: within half a unit of its last digit (0.001429 for 1/700's 0.00142857)."""
+    found = [_STATED.fullmatch(x) for x in (pred, gold)]
+    if not all(found):
+        return True
+    values, halves = [], []
+    for m in found:
+        sign, whole, frac, exp = m.groups()
+        e = int(exp or 0)
+        values.append(Fraction(f"{sign}{whole}.{frac or 0}") * Fraction(10) ** e)
+        halves.append(Fraction(5) * Fraction(10) ** (e - len(frac or "") - 1))
+    return abs(values[0] - values[1]) <= max(halves)
 
 
 # --- the registry ----------------------------------------------------------------------------------
