@@ -97,21 +97,30 @@ def final_segment(text: str, reasoning_ends: Sequence[str] = ()) -> str:
     """The part of a completion that is scored: after the last end of a reasoning part
     (REASONING_ENDS and `reasoning_ends`), and within its last solution block if it has one.
     A reasoning part that never ends leaves the whole text to be read."""
+    return final_segments(text, reasoning_ends)[0]
+
+
+def final_segments(text: str, reasoning_ends: Sequence[str] = ()) -> list[str]:
+    """The scored part (`final_segment`) and, when it is a solution block cut off before its
+    close, the text before that block: the reasoning the solution followed, which is read only
+    where the cut-off block states no answer (its opening ended the reasoning)."""
     cut = max(
         ((i + len(end)) for end in (*REASONING_ENDS, *reasoning_ends) if end
          for i in [text.rfind(end)] if i >= 0),
         default=0,
     )  # fmt: skip
-    text = text[cut:]
+    whole, text = text, text[cut:]
     for begin, end in SOLUTION_BLOCKS:
         start = text.rfind(begin)
         if start >= 0:
             body = text[start + len(begin) :]
             stop = body.find(end)
-            body = body if stop < 0 else body[:stop]
+            if stop >= 0:
+                body = body[:stop]
             if body.strip():
-                return body
-    return text
+                before = whole[: cut + start]
+                return [body] if stop >= 0 or not before.strip() else [body, before]
+    return [text]
 
 
 def _before_next_turn(text: str) -> str:
@@ -196,10 +205,8 @@ def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Stat
             found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
     end = -1  # where the previous box closed
-    for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
-        content = _braced(text, m.end())
-        if content is None:
-            continue
+    boxes = [(m, _braced(text, m.end())) for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS)]
+    for m, content in _without_loops([(m, c) for m, c in boxes if c is not None], text):
         if join_boxes and more and end >= 0 and _BOX_JOIN.fullmatch(text, end, m.start()):
             first = more.pop()  # "x = \boxed{3} or x = \boxed{5}": one answer, the list 3, 5
             more.append(Statement(first.pos, "boxed", f"{first.span}, {content}"))
@@ -217,6 +224,30 @@ def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Stat
         if m:
             more.append(Statement(len(text), "last_line_letter", m.group(1)))
     return sorted([*found, *more], key=lambda st: st.pos)[-_MAX_MARKERS:]
+
+
+_LOOP = 4  # the same box this many times in a row, nothing but space between: a loop
+
+
+def _without_loops(boxes: list[tuple[re.Match, str]], text: str) -> list[tuple[re.Match, str]]:
+    """The boxes (match, content) without degenerate runs: a model caught in a loop writes the
+    same box again and again ("\\boxed{1}\\boxed{1}..." hundreds of times), which states no answer;
+    the statement before the loop stays the last one."""
+    out: list[tuple[re.Match, str]] = []
+    run: list[tuple[re.Match, str]] = []
+    for m, content in [*boxes, (None, None)]:
+        prev = run[-1] if run else None
+        if (
+            prev is not None
+            and m is not None
+            and content == prev[1]
+            and not text[prev[0].end() + len(prev[1]) + 1 : m.start()].strip()
+        ):
+            run.append((m, content))
+            continue
+        out += run if len(run) < _LOOP else []
+        run = [(m, content)] if m is not None else []
+    return out
 
 
 # Hedges before a value that still commit to it: "probably 12", "most likely (B)", "likely to be yes".
@@ -946,6 +977,10 @@ def _math_form(s: str, ordered: bool, strip_units: bool) -> str:
     suffix, no unit after the value (where the task strips units), a bare list as a tuple (where
     its order matters)."""
     s = _E_NOTATION.sub(r"\1\\times 10^{\2}", s.strip())
+    # the degree sign as LaTeX writes it: 700°C is 700^{\circ}\text{C}
+    s = re.sub(
+        r"\s*°\s*([CFK]\b)?", lambda m: "^{\\circ}" + (f"\\text{{{m[1]}}}" if m[1] else ""), s
+    )
     s = _ORDINAL.sub("", s)
     if strip_units:
         for _ in range(3):
@@ -958,16 +993,55 @@ def _math_form(s: str, ordered: bool, strip_units: bool) -> str:
     return s
 
 
+_RELATION = re.compile(r"<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in|notin|subset)\b")
+# a condition after the value: "\\text{ for all } n > 0", ", \\quad n \\geq 1", "(k \\in \\mathbb{Z})"
+_CONDITION = re.compile(
+    r"\s*(?:\\text\s*\{\s*(?:for|where|when|if|with|provided|assuming)\b.*"
+    r"|(?:,|;|\\q?quad|\\[,;: ])\s*\(?[^=()]*(?:<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in)\b)[^=()]*\)?"
+    r"|\s\([^=()]*(?:<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in)\b)[^=()]*\))\s*$"
+)
+_LABEL = re.compile(r"\s*[A-Za-z](?:_\{?[0-9A-Za-z]{1,3}\}?)?\s*=\s*(?!=)")
+
+
+def _as_the_gold_states(pred: str, gold: str) -> str:
+    """The prediction in the gold's terms, where it adds what the gold does not state: a
+    condition after its value ("3 \\text{ for all } n > 0", "5 \\quad (n \\geq 1)") when the gold
+    states no relation, and the labels of a labelled list ("a = -2, b = -2") when the gold's
+    list has none."""
+    if not _RELATION.search(gold):
+        bare = _CONDITION.sub("", pred)
+        pred = bare if bare.strip() else pred
+    parts = _top_level_parts(pred)
+    if len(parts) > 1 and not _LABEL.match(gold) and all(_LABEL.match(x) for x in parts):
+        pred = ", ".join(_LABEL.sub("", x, count=1).strip() for x in parts)
+    return pred
+
+
+def _top_level_parts(s: str) -> list[str]:
+    """`s` split at its commas outside brackets and braces."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    return [*parts, s[start:]]
+
+
 def _math_equivalent(
     pred: str, gold: str, ordered: bool = False, strip_units: bool = False
 ) -> bool:
     if _latex_key(pred) == _latex_key(gold):
         return True
     pred, gold = (_math_form(x, ordered, strip_units) for x in (pred, gold))
+    pred = _as_the_gold_states(pred, gold)
     p, g = _fraction(_delatex(pred)), _fraction(_delatex(gold))
     if p is not None and g is not None:
         return p == g
     if max(len(pred), len(gold)) > MV_MAX_CHARS or not (_mv_bounded(pred) and _mv_bounded(gold)):
+        return False
+    if _text_words(pred) != _text_words(gold):  # Math-Verify reads past the words of \text{}
         return False
     for units in (False, True) if strip_units else (False,):
         try:
@@ -976,6 +1050,18 @@ def _math_equivalent(
         except Exception:  # Math-Verify's sympy layer can fail in many ways; none is a match.
             pass
     return False
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}")
+_LIST_WORDS = frozenset({"and"})  # "3 and 4" lists what "3, 4" lists
+
+
+def _text_words(s: str) -> list[str]:
+    """The words of an answer's \\text{} groups (two letters or more, lower case, sorted), but
+    the "and" of a list. Math-Verify's normalisation drops them, so "x is odd" equals "x is
+    even" and "3 or 4" equals "3 and 4" there: two answers whose words differ are not equal."""
+    words = (w.lower() for group in _LATEX_TEXT.findall(s) for w in _WORD.findall(group))
+    return sorted(w for w in words if w not in _LIST_WORDS)
 
 
 # a plain decimal number, optionally in scientific notation (as _math_form writes it)
@@ -1113,7 +1199,7 @@ EXTRACTORS: dict[str, Extractor] = {
         "number", 4, ("number",), _number_at, _number_last, closing=_number_closing, working=True
     ),
     "math": Extractor(
-        "math", 4, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
+        "math", 5, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
     ),
     "choice": Extractor(
         "choice",
