@@ -857,14 +857,40 @@ def canonical_math(text: str) -> str | None:
     return s if s and len(s) <= 1000 else None
 
 
-def _math_at(span: str, choices: Choices = None) -> str | None:
+_INLINE_JOIN = re.compile(r"[ \t]*(?:,|;|\band\b|\bor\b)[ \t]*")
+
+
+def _math_at(span: str, choices: Choices = None, restated: bool = True) -> str | None:
     m = _DOLLARS.search(span)
     if m and not span[: m.start()].strip(_STRIP + ":"):
-        return canonical_math(m.group(1) or m.group(2))
+        # "$x = 3$ and $y = 5$": formulas joined in one sentence are one answer, a list (as
+        # boxes on one line are)
+        parts = [m.group(1) or m.group(2)]
+        while (join := _INLINE_JOIN.match(span, m.end())) and (
+            nxt := _DOLLARS.match(span, join.end())
+        ):
+            parts.append(nxt.group(1) or nxt.group(2))
+            m = nxt
+        return canonical_math(", ".join(parts))
     value = canonical_math(re.split(r"\.(?:\s|$)", span, maxsplit=1)[0].strip(_STRIP))
     # "The answer is positive, because ..." is prose, not an answer: at most three plain words.
     prose = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", _LATEX_TEXT.sub("", value or ""))
-    return value if len(prose) <= 3 else None
+    if len(prose) <= 3:
+        return value
+    # a value restated as a sentence whose subject names it ("The minimum value is $3$,
+    # attained at $x = 1$."): the mathematics after its verb
+    restating = _RESTATED.match(span) if restated else None
+    if restating is None:
+        return None
+    found = _math_at(_unhedged(span[restating.end() :]), choices, restated=False)
+    return found if found and re.search(r"[0-9\\]", found) else None
+
+
+# a sentence's subject that names the value (a determiner, then words; no clause) and its verb
+_RESTATED = re.compile(
+    r"[\s*_]*(?:the|this|our|its|their|his|her|my)\s+[^\W\d_][^,;:$()\n.]{0,80}?\s(?:is|are|equals)\s",
+    re.IGNORECASE,
+)
 
 
 def _math_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
