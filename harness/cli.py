@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -140,7 +140,20 @@ def _load(config: Path, runnable: bool = False, include_path: list[Path] | None 
 
         checks.check(exp, str(config))
     _STATE["results"] = exp.root  # named by the line an interrupted command prints
+    _say_shadowed(exp)
     return exp
+
+
+def _say_shadowed(exp: Any) -> None:
+    """A note for each task of `exp` whose file in a user's task folder replaces a built-in."""
+    from harness.config.schema import shadowed_builtin
+
+    for t in exp.tasks:
+        if found := shadowed_builtin(t.name):
+            _log(
+                f"note: task {t.name} is read from {found[0]}, which replaces the built-in task "
+                f"of that name ({found[1]}); rename your task to use both"
+            )
 
 
 @app.command()
@@ -531,6 +544,7 @@ def eval_cmd(
     settings = quick.Settings(max_tokens=max_tokens, dtype=dtype)
     exp = quick.experiment([model], [model], names, limit, results_dir, settings, data_dir=data_dir)
     _STATE["results"] = exp.root
+    _say_shadowed(exp)
     _say_engine(exp)
     rows, counts = quick.evaluate(exp, log=_log)
     table = Table("task", "model", "items", "accuracy % [95% interval]", "cell")
@@ -591,6 +605,7 @@ def distill(
         data_dir,
     )
     _STATE["results"] = exp.root
+    _say_shadowed(exp)
     _say_engine(exp)
     r, counts = quick.distill(exp, log=_log)
     level = f"{100 * r['level']:g}%"
@@ -845,7 +860,8 @@ def sandbox_build(
         typer.Option("--ship", help="maintainers: replace the shipped models with the rebuild"),
     ] = False,
     seed: Annotated[
-        int | None, typer.Option(help="replace every recipe's seed (a robustness check)")
+        int | None,
+        typer.Option(min=0, max=2**32 - 1, help="replace every recipe's seed (a robustness check)"),
     ] = None,
 ) -> None:
     """Rebuild the tiny model zoo from scratch on CPU into the cache (the demo uses the shipped one).

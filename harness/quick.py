@@ -48,6 +48,33 @@ class Settings:
     effect: float = 3.0  # effect of interest, points
 
 
+# The config keys a quick command fills from its options: an error names the option, not the key
+# (list indices written `[]`).
+FLAGS = {
+    "name": "--results-dir",
+    "results_dir": "--results-dir",
+    "data_dir": "--data-dir",
+    "teachers[].path": "--teacher",
+    "students[].path": "--student",
+    "teachers[].engine.dtype": "--dtype",
+    "students[].engine.dtype": "--dtype",
+    "tasks[].name": "--task",
+    "tasks[].test_limit": "--limit",
+    "tasks[].train_limit": "--train-limit",
+    "generate.n": "--samples",
+    "generate.temperature": "--temperature",
+    "generate.max_tokens": "--max-tokens",
+    "generate.seed": "--seeds",
+    "generate.seeds": "--seeds",
+    "train.seeds": "--seeds",
+    "train.max_steps": "--max-steps",
+    "train.lr": "--lr",
+    "train.per_device_batch_size": "--batch-size",
+    "evaluate.max_tokens": "--max-tokens",
+    "analysis.effect_of_interest": "--effect",
+}
+
+
 def model_name(path: str) -> str:
     """A config name for a model path: the last part of a hub id, folder, zoo or GGUF name."""
     tail = re.sub(r"^(sandbox|gguf):", "", path).rstrip("/").split("/")[-1]
@@ -117,7 +144,7 @@ def experiment(
         "evaluate": {"max_tokens": settings.max_tokens},
         "analysis": {"effect_of_interest": settings.effect},
     }
-    exp = _relative_to(parse(Experiment, data, "the command line"), Path.cwd())
+    exp = _relative_to(parse(Experiment, data, "the command line", FLAGS), Path.cwd())
     _known_tasks(exp)
     offline.settle(exp)
     checks.check(exp, "the command line")

@@ -284,6 +284,18 @@ class Store:
     def complete(self, kind: str, key: str) -> bool:
         return (self.cell_dir(kind, key) / "manifest.json").exists()
 
+    def output(self, kind: str, key: str, name: str) -> Path:
+        """The file `name` of the complete cell (kind, key), for a stage downstream that reads it.
+        A complete cell without it was damaged after it completed (a re-run keeps complete
+        cells): the error says to delete the cell, so that the re-run recomputes it."""
+        d = self.cell_dir(kind, key)
+        if not self.complete(kind, key):
+            raise UserError(f"{kind} cell {d} is not complete; `cotgap run` computes it first.")
+        path = d / name
+        if not path.exists():
+            raise UserError(f"{path} is missing from a complete cell; {_fix_cell(d)}.")
+        return path
+
     def complete_any(self, key: str) -> bool:
         """Whether a cell with this key is complete, whatever its kind."""
         return any(self.complete(kind, key) for kind in CELL_KINDS)

@@ -124,11 +124,12 @@ def _write_eval(store: Store, cell: Cell, correct: np.ndarray, ids=IDS) -> None:
     )
 
 
-def _populate(exp: Experiment, store: Store, flips: dict = FLIPS) -> None:
-    """Every cell of the grid; each training seed of a distilled student gets the same vector."""
+def _populate(exp: Experiment, store: Store, flips: dict = FLIPS, skip: set = frozenset()) -> None:
+    """Every cell of the grid but `skip`; each training seed of a distilled student gets the same
+    vector."""
     for c in grids.expand(exp):
         role = getattr(c, "role", None)
-        if store.complete(c.kind, c.key):  # written by the test itself
+        if store.complete(c.kind, c.key) or c.key in skip:  # written by the test itself
             continue
         if c.kind == "traces":
             _write(store, c, {"yield": YIELD[c.model], "n_items": 50})
@@ -934,3 +935,28 @@ def test_the_second_answer_pass_is_its_own_column_never_the_headline() -> None:
     assert on.accuracy == 0.25 and analyze._rates(on)["two_pass_acc"] == 0.75
     assert math.isnan(analyze._rates(analyze.EvalResult("k", correct, {}))["two_pass_acc"])
     assert "two_pass_acc" in analyze.COLUMNS
+
+
+def test_a_group_whose_training_sets_are_empty_still_has_its_answer(tmp_path: Path) -> None:
+    """Every teacher left an empty training set in one regime: no adapter trains there, so each
+    distilled student is its baseline (a gain of exactly 0); the group keeps its answers.csv row,
+    and the cells never run are not counted as missing."""
+    exp = _experiment(tmp_path / "empty")
+    store = Store(exp.root)
+    never = set()
+    for c in grids.expand(exp).unique():
+        if c.task == TASK and getattr(c, "regime", None) == "intersection":
+            if c.kind == "dataset":
+                _write(store, c, {"n_examples": 0, "train_tokens": 0, "mean_trace_tokens": 0.0})
+            else:
+                never.add(c.key)
+    _populate(exp, store, skip=never)
+    _, missing, _, _ = analyze.leaderboard(exp, store)
+    full = _experiment(tmp_path / "full")
+    _populate(full, Store(full.root))
+    assert missing == analyze.leaderboard(full, Store(full.root))[1]  # OTHER's cells only
+    answers = pd.read_csv(analyze.run(exp, store, log=lambda _: None) / "answers.csv")
+    rows = answers[(answers["task"] == TASK) & (answers["regime"] == "intersection")]
+    assert sorted(rows["student"]) == sorted(STUDENTS)
+    assert (rows["gain"] == 0).all() and (rows["gain_low"] <= 0).all()
+    assert (rows["gain_high"] >= 0).all()

@@ -314,6 +314,27 @@ CASES = {
         "teachers: Field required",
     ),
     "wrong_type": _cfg_case("run", _set("generate.n", "four"), "generate.n", "valid integer"),
+    "seed_past_numpy_range": _cfg_case(
+        "validate",
+        _set("train.seeds", [2**32]),
+        "train.seeds[0]",
+        "less than or equal to 4294967295",
+    ),
+    "negative_seed": _cfg_case("run", _set("analysis.seed", -1), "analysis.seed", "greater than"),
+    "nan_gap_bin": _raw_cfg_case(
+        "validate",
+        "name: t\ntrain: {max_steps: 10}\nteachers: [{name: a, path: 'sandbox:teacher-l'}]\n"
+        "students: [{name: b, path: 'sandbox:student-s'}]\ntasks: [sandbox_addition]\n"
+        "analysis: {gap_bins: [0, .nan, 100]}\ncosts: {device_hour: .inf}\n",
+        "analysis.gap_bins[1]: Input should be a finite number",
+        "costs.device_hour: Input should be a finite number",
+    ),
+    "teacher_compared_with_itself": _cfg_case(
+        "validate", _set("analysis.delta_large", ["big", "big"]), "compares a teacher with itself"
+    ),
+    "absurd_bootstrap": _cfg_case(
+        "validate", _set("analysis.bootstrap_samples", 10**12), "analysis.bootstrap_samples"
+    ),
     "wrong_type_nested": _cfg_case(
         "plan", _set("teachers[0].engine.max_model_len", "long"), "teachers[0].engine.max_model_len"
     ),

@@ -101,7 +101,7 @@ def test_only_keeps_stages_and_skips_cells_whose_inputs_are_missing(setup):
     assert counts == {"traces": 0, "eval": 0, "dataset": 6, "adapter": 6}
 
 
-def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup):
+def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup, capsys):
     exp, g, store = setup
     stages, counts = run(exp, g, store, table=FakeStages(empty_teacher="t-large"))
     skips = [e for e in schedule.read_events(store) if e["event"] == "skip"]
@@ -112,6 +112,14 @@ def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup)
     }
     assert sum(e["kind"] == "eval" for e in skips) == 3  # their evals: input skipped
     assert counts["adapter"] == 3 and counts["eval"] == 2 + 1 + 3
+    # what `plan` and the analysis take as never to run is what the scheduler skipped
+    assert schedule.left_empty(store, g.unique()) == {e["cell"] for e in skips}
+    from harness.execution import plan
+
+    plan.show(exp, store)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"to run: 0 of {len(g.unique())} cells" in said
+    assert f"not run: {len(skips)} cells downstream of a training set left empty" in said
 
 
 def test_the_ready_loop_without_phases_starts_independent_groups_at_once(setup):

@@ -30,6 +30,7 @@ import pandas as pd
 from harness.analysis import screening, spend
 from harness.config.schema import AnalysisConfig, Experiment, canonical
 from harness.errors import UserError
+from harness.execution import schedule
 from harness.models import sources as models
 from harness.stats import adapters, teacher_level
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
@@ -327,8 +328,10 @@ def leaderboard(
 
 def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:
     """Keys of cells the run skips on purpose, which are not "not computed yet": the adapters and
-    evals of screened-out rows (top_k) and every cell of a task pre-selection gated."""
+    evals of screened-out rows (top_k) and of training sets left empty, and every cell of a task
+    pre-selection gated."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
+    out |= schedule.left_empty(store, grid.unique())
     gated = {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
@@ -373,10 +376,12 @@ def _group_arms(
         for teacher, mine in rows.groupby("teacher", sort=False):
             reps = []
             trace_seeds = mine["trace_seed"] if "trace_seed" in mine else [None] * len(mine)
-            for k, trace_seed, seed in zip(
-                mine["eval_key"], trace_seeds, mine["seed"], strict=True
+            for k, trace_seed, seed, examples in zip(
+                mine["eval_key"], trace_seeds, mine["seed"], mine["n_train_examples"], strict=True
             ):
                 post = reader.eval(k)
+                if post is None and _int(examples) == 0:  # no training set: the student as it is
+                    post = base
                 if post is not None:
                     reps.append(Replicate(_int(trace_seed), _int(seed), paired(base, post)[1]))
             if reps:

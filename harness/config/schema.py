@@ -20,6 +20,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -43,7 +44,23 @@ from harness.errors import UserError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float of a config is a finite number (a nan or .inf edge, price
+    # or weight validates nowhere and breaks whatever reads it)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SEED_MAX = 2**32 - 1  # numpy's and accelerate's set_seed range: the training worker seeds both
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
+
+def _no_duplicates(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    dupes = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
+    if dupes:
+        raise ValueError(f"{dupes} given more than once; list each once")
+    return values
+
+
+Distinct = AfterValidator(_no_duplicates)  # a list whose entries each say something new
 
 
 class EngineSettings(Strict):
@@ -214,6 +231,15 @@ def task_file(name: str) -> Path | None:
     return None
 
 
+def shadowed_builtin(name: str) -> tuple[Path, Path] | None:
+    """(the user's file, the built-in file) when a task folder of the user holds a task named
+    like a built-in one, which it then replaces; None otherwise."""
+    mine, builtin = task_file(name), tasks_dir() / f"{name}.yaml"
+    if mine is None or not builtin.is_file() or mine.resolve() == builtin.resolve():
+        return None
+    return mine, builtin
+
+
 def task_names() -> list[str]:
     return sorted({p.stem for d in task_dirs() for p in d.glob("*.yaml")})
 
@@ -244,8 +270,8 @@ class SamplingConfig(Strict):
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(512, gt=0)
-    seed: int = 0
-    stop: tuple[str, ...] = ()
+    seed: Seed = 0
+    stop: Annotated[tuple[str, ...], Distinct] = ()
 
 
 class GenerateConfig(SamplingConfig):
@@ -254,7 +280,7 @@ class GenerateConfig(SamplingConfig):
     one draw at `seed`."""
 
     top_k: int = -1
-    seeds: tuple[int, ...] | None = Field(
+    seeds: tuple[Seed, ...] | None = Field(
         None, description="trace-sampling replicates: one draw per seed (default: one at seed)"
     )
 
@@ -292,7 +318,7 @@ class LoraConfig(Strict):
     r: int = Field(8, gt=0)
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: Annotated[tuple[str, ...], Distinct] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 Regime = Literal["per_teacher", "intersection", "matched", "mix"]
@@ -328,7 +354,7 @@ class Budget(Strict):
     reference: str | None = Field(
         None, description="a teacher's per_teacher set; default the first"
     )
-    regimes: tuple[Regime, ...] | None = Field(
+    regimes: Annotated[tuple[Regime, ...], Distinct] | None = Field(
         None, description="the regimes aligned (default: every one); the others train as configured"
     )
 
@@ -402,13 +428,13 @@ class TrainConfig(Strict):
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     max_length: int = Field(512, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[Seed, ...] = (0,)
     replicates: Literal["crossed", "paired"] = Field(
         "crossed",
         description="crossed: every trace draw (generate.seeds) x every training seed; paired: "
         "the k-th trace seed with the k-th training seed",
     )
-    regimes: tuple[Regime, ...] = ("per_teacher",)
+    regimes: Annotated[tuple[Regime, ...], Distinct] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"
     mix: tuple[MixPart, ...] = Field((), description="the mix regime's teachers and weights")
     mix_batch: MixBatch | None = Field(
@@ -509,13 +535,21 @@ class Family(Strict):
     """A task family the studies average over: its name and its tasks' name patterns (fnmatch)."""
 
     name: str
-    tasks: tuple[str, ...] = Field(min_length=1, description="task-name patterns, e.g. bbh_*")
+    tasks: Annotated[tuple[str, ...], Distinct] = Field(
+        min_length=1, description="task-name patterns, e.g. bbh_*"
+    )
 
 
 class AnalysisConfig(Strict):
-    bootstrap_samples: int = Field(2000, ge=100)
+    bootstrap_samples: int = Field(
+        2000,
+        ge=100,
+        le=100_000,
+        description="bootstrap resamples for intervals (each resamples every test item: memory "
+        "and time grow with items x samples)",
+    )
     ci: float = Field(0.95, gt=0, lt=1)
-    seed: int = 0
+    seed: Seed = 0
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
     effect_of_interest: float = Field(
         3.0,
@@ -572,6 +606,18 @@ class AnalysisConfig(Strict):
         if any(b <= a for a, b in itertools.pairwise(edges)):
             raise ValueError(f"gap_bins must increase: {list(edges)}")
         return edges
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AnalysisConfig:
+        for key in ("delta_large", "delta_long"):
+            pair = getattr(self, key)
+            if pair is not None and pair[0] == pair[1]:
+                raise ValueError(
+                    f"{key}: [{pair[0]}, {pair[1]}] compares a teacher with itself; name two "
+                    "different teachers"
+                )
+        _no_duplicates(tuple(f.name for f in self.families))
+        return self
 
 
 class SelectConfig(Strict):
@@ -698,7 +744,7 @@ class Experiment(Strict):
     data_dir: str | None = Field(
         None, description="the original benchmark files; relative to the experiment YAML file"
     )
-    task_paths: tuple[str, ...] = Field(
+    task_paths: Annotated[tuple[str, ...], Distinct] = Field(
         (),
         description="folders of your own task YAMLs, searched before the built-in tasks; "
         "relative to the experiment YAML file",
@@ -780,8 +826,8 @@ class Experiment(Strict):
             if wrong:
                 raise ValueError(f"costs.{part}: not a model of this experiment: {wrong}")
             dupes = sorted({n for n in given if given.count(n) > 1})
-            if dupes and part == "prices":
-                raise ValueError(f"costs.prices: {dupes} priced more than once; keep one entry")
+            if dupes:
+                raise ValueError(f"costs.{part}: {dupes} given more than once; keep one entry")
         served = [m.name for m in self.students if m.served]
         if served:
             raise ValueError(
@@ -894,7 +940,14 @@ def _key_path(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def format_validation_error(err: ValidationError, source: str, root: type[BaseModel]) -> str:
+def format_validation_error(
+    err: ValidationError,
+    source: str,
+    root: type[BaseModel],
+    names: typing.Mapping[str, str] | None = None,
+) -> str:
+    """One line per error: `source: key path: problem`. `names` renames key paths (list indices
+    written `[]`), e.g. to the command-line flag a value came from."""
     lines = []
     errors = [
         (tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))), e)
@@ -902,6 +955,9 @@ def format_validation_error(err: ValidationError, source: str, root: type[BaseMo
     ]
     for loc, e in errors:
         path = _key_path(loc)
+        if names:
+            generic = re.sub(r"\[\d+\]", "[]", path)
+            path = names.get(generic) or names.get(generic.removesuffix("[]")) or path
         if e["type"] == "too_short" and any(
             other[: len(loc)] == loc and len(other) > len(loc) for other, _ in errors
         ):
@@ -971,14 +1027,17 @@ def read_yaml(path: str | Path) -> Any:
         raise UserError(f"{p}:{where}: malformed YAML: {problem}.") from None
 
 
-def parse(model: type[Strict], data: Any, source: str) -> Any:
+def parse(
+    model: type[Strict], data: Any, source: str, names: typing.Mapping[str, str] | None = None
+) -> Any:
+    """`data` validated as `model`; errors name `source` and the key paths (or `names` of them)."""
     if not isinstance(data, dict):
         got = "an empty file" if data is None else type(data).__name__
         raise UserError(f"{source}: expected a mapping of keys at the top level, got {got}.")
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise UserError(format_validation_error(e, source, model)) from None
+        raise UserError(format_validation_error(e, source, model, names)) from None
 
 
 def _relative_to(exp: Experiment, base: Path) -> Experiment:

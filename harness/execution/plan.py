@@ -175,7 +175,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
-    todo = missing(store, cells)
+    empty = schedule.left_empty(store, cells)
+    todo = [c for c in missing(store, cells) if c.key not in empty]
     console = progress.console()
     here = bool(devices.node_gpus())
     title = (
@@ -184,7 +185,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     if every_cell or len(cells) <= 200:
         table = Table("#", "phase", "stage", "cell", "key", "state", "needs", title=title)
         for i, c in enumerate(cells, 1):
-            state = "to run" if c in todo else "complete"
+            state = "to run" if c in todo else "no training set" if c.key in empty else "complete"
             table.add_row(
                 str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c, here)
             )
@@ -206,6 +207,11 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
     counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
+    if empty:
+        console.print(
+            f"not run: {len(empty)} cells downstream of a training set left empty (its teacher "
+            "gave no usable trace): nothing to train on"
+        )
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
     console.print(replicates_line(exp))
@@ -224,11 +230,24 @@ def replicates_line(exp: Experiment) -> str:
     draws, seeds, reps = exp.generate.trace_seeds, exp.train.seeds, exp.replicates()
     source = "generate.seeds" if exp.generate.seeds is not None else "generate.seed"
     how = f"{exp.train.replicates}: " if len(draws) > 1 and len(seeds) > 1 else ""
-    return (
-        f"replicates per teacher: {len(reps)} ({how}{len(draws)} trace draw(s), {source} "
-        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
-        f"{', '.join(map(str, seeds))}) for each (task, student, regime)"
+    units = replicate_units(exp)
+    counted = (
+        f"; {len(reps)} adapters, the rule counts each trace draw once, its training seeds averaged"
+        if units != len(reps)
+        else ""
     )
+    return (
+        f"replicates per teacher: {units} ({how}{len(draws)} trace draw(s), {source} "
+        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
+        f"{', '.join(map(str, seeds))}{counted}) for each (task, student, regime)"
+    )
+
+
+def replicate_units(exp: Experiment) -> int:
+    """The replicates the report's rule counts per teacher (teacher_level.replicate_units): the
+    trace draws, each with its training seeds averaged; with one draw, its training seeds."""
+    draws = exp.generate.trace_seeds
+    return len(draws) if len(draws) > 1 else len(exp.train.seeds)
 
 
 def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
@@ -287,9 +306,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     a = exp.analysis
     sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
     effect = a.effect_of_interest
-    draws = exp.generate.trace_seeds
-    # the rule's replicate unit: a trace draw (its training seeds averaged), else a training seed
-    reps = len(draws) if len(draws) > 1 else len(exp.train.seeds)
+    reps = replicate_units(exp)
     m = len(exp.teachers)
     prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
     designs: dict[tuple[str, int, float | None, float], list[str]] = {}

@@ -168,6 +168,18 @@ def empty_dataset(store: Store, key: str) -> bool:
     return bool(manifest) and manifest["summary"].get("n_examples") == 0
 
 
+def left_empty(store: Store, cells: Iterable[Cell]) -> set[str]:
+    """Keys of the cells a run skips because a training set they need is complete and empty: an
+    adapter whose dataset (or aligned budget's reference set) has no example, and every cell
+    downstream of one (as `Schedule._skip` decides). They are never computed, so never "to run"."""
+    out: set[str] = set()
+    for c in sorted(cells, key=lambda c: c.phase):
+        empty = c.kind == "adapter" and any(empty_dataset(store, u) for u in c.upstream)
+        if empty or any(u in out for u in c.upstream):
+            out.add(c.key)
+    return out
+
+
 class Schedule:
     """The ready loop's state: cells pending, running, done and skipped."""
 

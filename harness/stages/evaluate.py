@@ -88,6 +88,8 @@ def served_by(store: Store, cell: Any) -> tuple[str | None, str | None]:
         return None, str(d / "adapter")
     if store.complete("adapter", key) and (d / "merged" / "config.json").is_file():
         return str(d / "merged"), None
+    if store.complete("adapter", key):  # complete without its weights: damaged since
+        store.output("adapter", key, "adapter/adapter_config.json")
     raise UserError(
         f"{cell.label}: its adapter cell adapter/{key} is not complete ({d}); "
         "run `cotgap train` (or `cotgap run`) first."

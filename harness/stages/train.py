@@ -161,7 +161,7 @@ def _train_cells(
 def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
     """What the worker needs to train one cell, and to complete it through the store."""
     student = exp.model(c.student)
-    examples = store.cell_dir("dataset", c.upstream[0]) / "examples.jsonl"
+    examples = store.output("dataset", c.upstream[0], "examples.jsonl")
     dataset = store.manifest("dataset", c.upstream[0])["summary"]
     budget = plan_budget(exp, store, c)  # counted from the datasets before training
     return {
@@ -195,9 +195,7 @@ def _method_job(exp: Experiment, store: Store, c: Adapter) -> dict[str, Any]:
         from harness.workflow.cells import Traces, model_identities
 
         traces = store.manifest("dataset", c.upstream[0])["upstream"]
-        paths = {
-            k: str((store.cell_dir("traces", k) / distill_methods.TOPK).resolve()) for k in traces
-        }
+        paths = {k: str(store.output("traces", k, distill_methods.TOPK).resolve()) for k in traces}
         own = None
         if c.teacher in {t.name for t in exp.teachers}:
             ident = model_identities(exp)[c.teacher]
@@ -346,7 +344,7 @@ def _aligned_steps(
 
 
 def _lengths(store: Store, dataset_key: str) -> list[int]:
-    path = store.cell_dir("dataset", dataset_key) / "examples.jsonl"
+    path = store.output("dataset", dataset_key, "examples.jsonl")
     return [e["n_tokens"] for e in read_jsonl(path)]
 
 

@@ -906,6 +906,9 @@ _NEW_TYPES = {  # --answer-type: (answer_type, extractor, the prompt's last line
 }
 
 
+_NEW_OPTIONAL = ("id", "rationale")  # fields of `Fields` a new task takes when the data has them
+
+
 def _new_splits(name: str, data: Path) -> tuple[dict[str, list[str]], list[Path]]:
     """A new task's `source.files.splits` (paths under `data`'s parent, the data dir) and files:
     train.jsonl and test.jsonl, or one JSONL pool divided by the question hash."""
@@ -928,9 +931,13 @@ def new_task_text(name: str, data: Path, answer_type: str = "number") -> tuple[s
         raise UserError(f"--answer-type {answer_type}: valid: {', '.join(_NEW_TYPES)}.")
     kind, extractor, ending, choices = _NEW_TYPES[answer_type]
     splits, files = _new_splits(name, data)
+    first = _first_record(files[0])
     fields = {"question": "question", "answer": "answer"} | (
         {"choices": choices} if choices else {}
     )
+    # the optional fields the data has under their own names: its ids (predictions and
+    # `cotgap score` key items by them) and its worked solutions
+    fields |= {key: key for key in _NEW_OPTIONAL if key in first}
     spec = {
         "name": name, "version": 1, "description": f"{name} (edit: what the task is)",
         "splits_note": "train for teacher traces, test for scoring" if "train" in splits
@@ -942,7 +949,6 @@ def new_task_text(name: str, data: Path, answer_type: str = "number") -> tuple[s
     }  # fmt: skip
     parse(TaskSpec, spec, f"task {name}")
     text = _yaml_text(spec)
-    first = _first_record(files[0])
     notes = [
         f"{files[0]}: the first row has no field {f!r} (its fields: {', '.join(first)}); edit "
         f"fields.{key} in the task file"

@@ -167,3 +167,145 @@ def test_replicate_errors_name_the_field_and_the_fix(tmp_path, generate, train, 
     with pytest.raises(UserError) as e:
         _replicates(tmp_path, generate, train)
     assert needle in str(e.value) and str(tmp_path / "exp.yaml") in str(e.value)
+
+
+# --- classes of values that validate nowhere -----------------------------------------------------
+
+
+def _strict_models() -> list[type]:
+    """Every strict config model: the experiment's and the task files'."""
+    from harness.config.schema import Strict
+    from harness.tasks import suite  # noqa: F401 (its task-file models subclass Strict)
+
+    out, todo = [], [Strict]
+    while todo:
+        cls = todo.pop()
+        out.append(cls)
+        todo.extend(cls.__subclasses__())
+    return [c for c in out if c is not Strict]
+
+
+def _field_paths(model: type, prefix: str = "") -> list[tuple[str, object]]:
+    """(key path with `[]` for list items, annotation) of every field under `model`."""
+    from harness.config.schema import _unwrap
+
+    out = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        out.append((path, field.annotation))
+        for sub in dict.fromkeys(_unwrap(field.annotation)):
+            many = "tuple[" in str(field.annotation)
+            out.extend(_field_paths(sub, f"{path}{'[]' if many else ''}."))
+    return out
+
+
+SEEDS = {  # every seed of an experiment: where a value goes in MINIMAL
+    "generate.seed": ("generate", "seed"),
+    "generate.seeds[]": ("generate", "seeds"),
+    "evaluate.seed": ("evaluate", "seed"),
+    "train.seeds[]": ("train", "seeds"),
+    "analysis.seed": ("analysis", "seed"),
+}
+
+
+def test_every_seed_is_in_the_range_the_libraries_take(tmp_path):
+    """numpy and accelerate's set_seed take 0 .. 2**32 - 1: a seed outside fails at validate,
+    not in a training worker after the traces and evaluations were paid for."""
+    from harness.config.schema import Experiment as Exp
+
+    found = {p for p, _ in _field_paths(Exp) if p.rsplit(".", 1)[-1].removesuffix("[]") in
+             ("seed", "seeds")}  # fmt: skip
+    assert found == {p.removesuffix("[]") for p in SEEDS}, "a new seed: add it to SEEDS"
+    for path, (section, key) in SEEDS.items():
+        many = path.endswith("[]")
+        for value, ok in ((2**32 - 1, True), (2**32, False), (-1, False)):
+            data = {
+                **MINIMAL,
+                section: {**MINIMAL.get(section, {}), key: [value] if many else value},
+            }
+            if ok:
+                Experiment.model_validate(data)
+                continue
+            with pytest.raises(UserError, match=rf"{section}\.{key}.*(greater|less) than"):
+                load_experiment(write(tmp_path, data))
+
+
+def test_every_float_of_every_config_model_is_finite():
+    """nan and inf validate nowhere (a `0-nan` gap bin, an infinite device-hour price): every
+    float field of the experiment's and the task files' models, a list's items included."""
+    checked = 0
+    for model in _strict_models():
+        for name, field in model.model_fields.items():
+            text = str(field.annotation)
+            if "float" not in text:
+                continue
+            many = text.startswith("tuple[")
+            for bad in (float("nan"), float("inf")):
+                with pytest.raises(ValidationError) as e:
+                    model.model_validate({name: [bad] if many else bad})
+                kinds = {err["type"] for err in e.value.errors() if err["loc"][0] == name}
+                assert "finite_number" in kinds, f"{model.__name__}.{name} takes {bad}"
+            checked += 1
+    assert checked >= 20  # the walk reached the models
+
+
+DUPLICATES = {  # a list field given one entry twice, and what the error says
+    "generate.stop": (("generate", "stop"), ["\n", "\n"]),
+    "evaluate.stop": (("evaluate", "stop"), ["##", "##"]),
+    "generate.seeds": (("generate", "seeds"), [1, 1]),
+    "train.seeds": (("train", "seeds"), [1, 1]),
+    "train.regimes": (("train", "regimes"), ["per_teacher", "per_teacher"]),
+    "train.methods": (("train", "methods"), ["sft", "sft"]),
+    "train.lora.target_modules": (("train", "lora"), {"target_modules": ["q_proj", "q_proj"]}),
+    "train.budget.regimes": (("train", "budget"), {"regimes": ["per_teacher"] * 2}),
+    "train.budget.align": (("train", "budget"), {"align": ["none", "none"]}),
+    "analysis.delta_large": (("analysis", "delta_large"), ["big", "big"]),
+    "analysis.delta_long": (("analysis", "delta_long"), ["big", "big"]),
+    "analysis.families": (
+        ("analysis", "families"),
+        [{"name": "a", "tasks": ["x*"]}, {"name": "a", "tasks": ["y*"]}],
+    ),
+    "analysis.families[].tasks": (("analysis", "families"), [{"name": "a", "tasks": ["x", "x"]}]),
+    "costs.throughput": (("costs", "throughput"), [{"model": "big", "generate": 1.0}] * 2),
+    "costs.prices": (
+        ("costs", "prices"),
+        [{"model": "big", "input_per_million": 1, "output_per_million": 1}] * 2,
+    ),
+    "task_paths": ((None, "task_paths"), [".", "."]),
+    "tasks": ((None, "tasks"), ["sandbox_addition", "sandbox_addition"]),
+    "teachers": ((None, "teachers"), [MINIMAL["teachers"][0]] * 2),
+    "students": ((None, "students"), [MINIMAL["students"][0]] * 2),
+}
+# lists whose entries are checked otherwise: gap_bins increase; a mix names each teacher once
+# (`validate`'s checks, with the total weight to give)
+OTHERWISE = {"analysis.gap_bins", "train.mix"}
+
+
+@pytest.mark.parametrize("path", list(DUPLICATES))
+def test_a_list_entry_given_twice_is_an_error(path):
+    (section, key), value = DUPLICATES[path]
+    data = dict(MINIMAL)
+    if section is None:
+        data[key] = value
+    else:
+        data[section] = {**data.get(section, {}), key: value}
+    with pytest.raises(ValidationError, match=r"more than once|at most once|itself|unique"):
+        Experiment.model_validate(data)
+
+
+def test_every_list_of_the_experiment_refuses_duplicates():
+    """A new list field is in DUPLICATES (its duplicate refused) or says how it is checked."""
+    lists = {p.removesuffix("[]") for p, t in _field_paths(Experiment) if "tuple[" in str(t)}
+    lists = {p for p in lists if not p.startswith(("teachers[].", "students[].", "tasks[]."))}
+    missing = sorted(lists - set(DUPLICATES) - OTHERWISE)
+    assert not missing, f"lists without a duplicate check: {missing}"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("analysis", "bootstrap_samples", 10**12), ("analysis", "bootstrap_samples", 100_001)],
+)
+def test_absurd_sizes_are_refused(tmp_path, section, key, value):
+    data = {**MINIMAL, section: {key: value}}
+    with pytest.raises(UserError, match=rf"{section}\.{key}: Input should be less than"):
+        load_experiment(write(tmp_path, data))

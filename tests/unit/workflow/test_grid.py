@@ -267,10 +267,13 @@ def test_crossed_and_paired_replicates_count_their_cells(
         for regime in exp.train.regimes:
             mine = sorted(r[4:] for r in g.distilled if r[2:4] == (teacher, regime))
             assert mine == pairs
-    line = (
-        f"replicates per teacher: {len(pairs)} ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
-    )
+    # the rule's unit is a trace draw (its training seeds averaged), crossed or paired: the plan's
+    # replicates line says what its MDE line and the analysis count
+    line = f"replicates per teacher: 2 ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
     assert plan.replicates_line(exp).startswith(line)
+    assert plan.replicate_units(exp) == 2
+    counted = f"{len(pairs)} adapters, the rule counts each trace draw once"
+    assert (counted in plan.replicates_line(exp)) == (replicates == "crossed")
     for (*_, draw, seed), d in g.distilled.items():
         assert (d.trace_seed, d.train_seed) == (draw, seed)
         assert d.dataset.trace_seed == d.adapter.trace_seed == d.eval.trace_seed == draw
