@@ -18,7 +18,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo check test test-slow lint bench install clean-results real-models gpu-check
+.PHONY: demo check test test-slow test-combos lint bench install clean-results real-models gpu-check
 
 install: $(STAMP)
 
@@ -83,7 +83,12 @@ test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served" --durations=25
 
 test-slow: install real-models
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "faults or real_model or combos or served" -rs --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served) and not combos_full" -rs --durations=25
+
+# All 18 grids of the pairwise feature array (tests/test_combos.py); CI runs the few that hold
+# every factor value. Run it before a release, or after a change to how features combine.
+test-combos: install
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m combos -rs --durations=25
 
 real-models: install
 	@$(install_real_models)
