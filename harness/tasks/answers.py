@@ -179,7 +179,9 @@ _BOX_JOIN = re.compile(
 )
 
 
-def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Statement]:
+def _statements(
+    text: str, bare_ok: bool, join_boxes: bool = False, drop_loops: bool = False
+) -> list[Statement]:
     """Explicit answer statements in text order (at most the last _MAX_MARKERS). `join_boxes`:
     boxes that follow each other on one line ("\\boxed{3} and \\boxed{5}") are one statement of
     a list."""
@@ -206,7 +208,8 @@ def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Stat
     more: list[Statement] = []
     end = -1  # where the previous box closed
     boxes = [(m, _braced(text, m.end())) for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS)]
-    for m, content in _without_loops([(m, c) for m, c in boxes if c is not None], text):
+    read = [(m, c) for m, c in boxes if c is not None]
+    for m, content in _without_loops(read, text) if drop_loops else read:
         if join_boxes and more and end >= 0 and _BOX_JOIN.fullmatch(text, end, m.start()):
             first = more.pop()  # "x = \boxed{3} or x = \boxed{5}": one answer, the list 3, 5
             more.append(Statement(first.pos, "boxed", f"{first.span}, {content}"))
@@ -1159,6 +1162,9 @@ class Extractor:
     # the answer of a closing sentence, read when the text has no answer statement
     closing: Callable[[str, Choices], tuple[str, str] | None] = _never
     working: bool = False  # parse_at also takes the text before the statement
+    # reasoning-model output: a run of one repeated box is no answer, and a solution block cut off
+    # before its close that states nothing falls back to the reasoning before it (scoring.score)
+    reasoning_rules: bool = False
 
     def _value(self, st: Statement, choices: Choices, text: str) -> str | None:
         value = canonical(self.answer_types[0], st.span) if st.rule == "boxed" else None
@@ -1179,7 +1185,9 @@ class Extractor:
             return empty, empty
         text = _before_next_turn(text)
         kind = self.answer_types[0]
-        statements = _statements(text, self.bare_ok, join_boxes=self.boxed_first)
+        statements = _statements(
+            text, self.bare_ok, join_boxes=self.boxed_first, drop_loops=self.reasoning_rules
+        )
         if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
             boxed = [st for st in statements if st.rule == "boxed"]
             statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
@@ -1225,8 +1233,15 @@ EXTRACTORS: dict[str, Extractor] = {
         "number", 4, ("number",), _number_at, _number_last, closing=_number_closing, working=True
     ),
     "math": Extractor(
-        "math", 5, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
-    ),
+        "math",
+        5,
+        ("math", "number"),
+        _math_at,
+        _math_last,
+        boxed_first=True,
+        closing=_math_closing,
+        reasoning_rules=True,
+    ),  # fmt: skip
     "choice": Extractor(
         "choice",
         4,

@@ -132,7 +132,7 @@ def score(
     rules = spec.scoring
     scored, *before = answers.final_segments(text, rules.reasoning_ends)
     strict, flexible = ex.read(scored, choices, closing=rules.closing_sentence)
-    if strict.value is None and before:  # a cut-off solution that states nothing
+    if strict.value is None and before and ex.reasoning_rules:  # a cut-off solution, no answer
         earlier = ex.read(before[0], choices, closing=rules.closing_sentence)
         if earlier[0].value is not None:
             strict, flexible = earlier
