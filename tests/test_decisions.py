@@ -68,7 +68,7 @@ def _gain_mde(line: str) -> float:
 
 def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     """The gain `cotgap plan` states is one the report's rule (replicates, replicate SD,
-    Bonferroni over the teachers) calls better 80% of the time: checked on fresh simulations. With
+    the group's max-t family) calls better 80% of the time: checked on fresh simulations. With
     one seed it says the design is exploratory; where the effect of interest is out of reach it
     says so and how many replicates would reach it, which fresh simulations confirm."""
     from harness.execution import plan

@@ -271,10 +271,11 @@ def _two_replicates(decided: list[dict[str, Any]]) -> str:
     if not two:
         return ""
     return (
-        f"**Two replicates:** {len(two)} group(s) rest on 2 replicates of a teacher. Their "
-        "verdicts are weaker than stated: the spread of two replicates is one degree of freedom, "
-        "and in simulation the family-wise error of better/worse reaches up to 9.8% (against "
-        "5% at three replicates). Three or more replicates hold the stated level."
+        f"**Two replicates:** {len(two)} group(s) rest on 2 replicates of a teacher. They are "
+        "weaker than the others: the spread of two replicates has one degree of freedom, so "
+        "their intervals are wide and few verdicts are reached, and whether a teacher's "
+        "replicates agree by chance cannot be told; three or more replicates "
+        "(analysis.min_replicates) narrow them."
     )
 
 

@@ -895,9 +895,10 @@ def coverage(
     hits = np.zeros(3)
     for s in range(runs):
         arms = [arm(list(a[s])) for a in sims]
-        g = difference(arms[0], baseline_arm(base[s]), 0.95)
-        d = difference(arms[0], arms[1], 0.95)
-        p = accuracy(arms[0], 0.95)
+        pooled = pool([a.units for a in arms])  # the group's, as `decide_group` takes it
+        g = difference(arms[0], baseline_arm(base[s]), 0.95, pooled)
+        d = difference(arms[0], arms[1], 0.95, pooled)
+        p = accuracy(arms[0], 0.95, pooled)
         hits += [
             g.low <= truth[0] - acc <= g.high,
             d.low <= truth[0] - truth[1] <= d.high,
