@@ -75,12 +75,12 @@ def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     from harness.store import Store
 
     small = plan.detectable_gains(_experiment(tmp_path, 200, 3.0, [0], 1), Store(tmp_path / "r1"))
-    assert "1 teacher(s), 1 replicate(s) each, replicate SD as measured" in small[0]
+    assert "1 teacher(s), 1 replicate(s) each, between-replicate SD as measured" in small[0]
     assert "else 3 pts assumed" in small[0]
     assert "1 replicate(s) per teacher < analysis.min_replicates 3: exploratory" in small[1]
     line = small[2]
     assert line.startswith("  gsm8k / s200: 200 test items, baseline 50.0% (not measured yet")
-    assert "replicate SD 3.0 pts (assumed)" in line
+    assert "between-replicate SD 3.0 pts (assumed)" in line
     mde = _gain_mde(line)
     power = teacher_level.gain_power(200, 0.5, mde, 3, 0.03, 1, sims=4000, seed=21)
     assert 0.75 <= power <= 0.85, (mde, power)

@@ -306,7 +306,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
         designs.setdefault((task, n, base, sd, conc), []).append(student)
     lines = [
         f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
-        f"{m} teacher(s), {reps} replicate(s) each, replicate SD as measured in the last "
+        f"{m} teacher(s), {reps} replicate(s) each, between-replicate SD as measured in the last "
         f"analysis, else {a.replicate_sd:g} pts assumed; item concordance of baseline and "
         f"distilled student as measured, else none assumed; effect of interest {effect:g} pts):"
     ]
@@ -333,7 +333,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, concordance=conc, sims=500
         )
         line = (
-            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), replicate SD "
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), between-replicate SD "
             f"{100 * sd:.1f} pts ({sd_text}), concordance {conc:.2f}: gain {_pts(gain)}, "
             f"teacher vs teacher {_pts(diff)}"
         )
