@@ -176,6 +176,8 @@ def validate(
             typer.echo(
                 f"ok  {path}: {len(exp.teachers)} teachers x {len(exp.students)} students x {len(exp.tasks)} tasks"
             )
+            for w in exp.replicate_warnings():
+                typer.echo(f"    warning: {w}")
             for (
                 m
             ) in exp.teachers:  # the key is read when the engine starts: say now if it is not set

@@ -299,8 +299,11 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     difference between two teachers, that the report's own rule (harness/stats/teacher_level.py) calls
     `better` with power 0.8, at this grid's test items, teachers and replicates, with a
     replicate SD of analysis.replicate_sd (a prior until replicates have run); against the
-    measured baseline of each student, else a 50% one. A warning when the design cannot reach
-    analysis.effect_of_interest, and the replicates that would."""
+    measured baseline of each student, else a 50% one. How often the baseline and a distilled
+    student agree on an item (`teacher_level.concordance`) is taken as measured in the last
+    analysis, else as no more than chance, the least favourable case, so the MDE never
+    overstates power. A warning when the design cannot reach analysis.effect_of_interest, and
+    the replicates that would."""
     from harness.stats import teacher_level
 
     a = exp.analysis
@@ -309,17 +312,20 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     reps = replicate_units(exp)
     m = len(exp.teachers)
     prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
+    concordances = _concordances(exp)
     designs: dict[tuple[str, int, float | None, float], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
         n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
         base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
         sd = measured.get((task, student), math.nan)
-        designs.setdefault((task, n, base, sd), []).append(student)
+        conc = concordances.get((task, student), 0.0)
+        designs.setdefault((task, n, base, sd, conc), []).append(student)
     lines = [
         f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
-        f"{m} teacher(s), {reps} replicate(s) each, replicate SD as measured in the last "
-        f"analysis, else {a.replicate_sd:g} pts assumed; effect of interest {effect:g} pts):"
+        f"{m} teacher(s), {reps} replicate(s) each, between-replicate SD as measured in the last "
+        f"analysis, else {a.replicate_sd:g} pts assumed; item concordance of baseline and "
+        f"distilled student as measured, else none assumed; effect of interest {effect:g} pts):"
     ]
     if reps < a.min_replicates:
         lines.append(
@@ -328,7 +334,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             f"{a.min_replicates} replicates:"
         )
     planned = max(reps, a.min_replicates)
-    for (task, n, base, sd), students in designs.items():
+    for (task, n, base, sd, conc), students in designs.items():
         who = f"  {task} / {', '.join(students)}"
         sd_text = "assumed" if math.isnan(sd) else "measured"
         sd = prior if math.isnan(sd) else sd
@@ -337,34 +343,53 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             continue
         source = "not measured yet, assumed" if base is None else "measured"
         base = _UNMEASURED_BASE if base is None else float(base)
-        gain = teacher_level.minimum_detectable_gain(n, base, planned, sd, m, 1 - a.ci, sims=500)
+        gain = teacher_level.minimum_detectable_gain(
+            n, base, planned, sd, m, 1 - a.ci, concordance=conc, sims=500
+        )
         diff = teacher_level.minimum_detectable_difference(
-            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, sims=500
+            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, concordance=conc, sims=500
         )
         line = (
-            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), replicate SD "
-            f"{100 * sd:.1f} pts ({sd_text}): gain {_pts(gain)}, teacher vs teacher {_pts(diff)}"
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), between-replicate SD "
+            f"{100 * sd:.1f} pts ({sd_text}), concordance {conc:.2f}: gain {_pts(gain)}, "
+            f"teacher vs teacher {_pts(diff)}"
         )
         if math.isnan(gain) or gain * 100 > effect:
             line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
-            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100)
+            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100, conc)
             line += f" ({more})" if more else ""
         lines.append(line)
     return lines
 
 
-def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
-    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
-    analysis (teachers with >= 2 replicates, any regime)."""
+def _last_groups(exp: Experiment) -> list[dict]:
+    """The groups of the last analysis (analysis.json), or none."""
     import json
 
     path = exp.root / "analysis" / "analysis.json"
-    out: dict[tuple[str, str], float] = {}
     try:
-        groups = json.loads(path.read_text(encoding="utf-8")).get("groups") or []
+        return json.loads(path.read_text(encoding="utf-8")).get("groups") or []
     except (OSError, ValueError):
-        return out
-    for g in groups:
+        return []
+
+
+def _concordances(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the smallest item concordance of baseline and distilled students
+    measured in the last analysis (any regime)."""
+    out: dict[tuple[str, str], float] = {}
+    for g in _last_groups(exp):
+        c = ((g.get("decision") or {}).get("mde") or {}).get("concordance")
+        if c is not None and not math.isnan(c):
+            key = (g["task"], g["student"])
+            out[key] = min(out.get(key, 1.0), float(c))
+    return out
+
+
+def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
+    analysis (teachers with >= 2 replicates, any regime)."""
+    out: dict[tuple[str, str], float] = {}
+    for g in _last_groups(exp):
         for t in (g.get("decision") or {}).get("teachers", []):
             if t.get("n_replicates", 0) >= 2 and t.get("rep_sd") is not None:
                 key = (g["task"], g["student"])
@@ -376,12 +401,15 @@ def _pts(x: float) -> str:
     return "out of reach" if math.isnan(x) else f"{100 * x:.1f} pts"
 
 
-def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect: float) -> str:
+def _replicates_for(
+    n: int, base: float, sd: float, m: int, alpha: float, effect: float, conc: float
+) -> str:
     """The fewest replicates (up to 20) at which the rule detects `effect` at these items."""
     from harness.stats import teacher_level
 
     def reaches(r: int) -> bool:
-        return teacher_level.gain_power(n, base, effect, r, sd, m, alpha, sims=500) >= 0.8
+        power = teacher_level.gain_power(n, base, effect, r, sd, m, alpha, conc, sims=500)
+        return power >= 0.8
 
     if not reaches(20):
         return "20 replicates do not reach it at these test items"

@@ -532,7 +532,7 @@ document.getElementById("meta").textContent =
 function answers() {
   const t = document.getElementById("answers"), A = IX.answers;
   if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
-  const show = ["task","student","regime","base_acc","answer","distill","teacher","gain","gain_low","gain_high","best_set","n_replicates"];
+  const show = ["task","student","regime","base_acc","answer","distill","teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"];
   const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
   t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, c))));
   for (const r of A.rows)

@@ -7,7 +7,8 @@ so where the installed ones differ from the golden's, keys are not compared (con
 The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
 of version 1, the grid still gives the digest of that tag), and every golden for the extractor
 versions that rebuild training sets (a dataset's key holds its extractor's version); the sandbox
-golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates.
+golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates, and
+the paper-scale digest of tests/fixtures/grid/paper-scale.yaml, that config with one trace draw.
 
 Keys include the versions of the packages that change a cell's output. The goldens record the
 versions they were written with, and the key tests compute keys with those versions (the lookups
@@ -45,7 +46,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "grid"
 CONFIGS = {
     "sandbox": FIXTURES / "sandbox.yaml",  # the demo config before it had replicates
     "test-grid": FIXTURES / "test-grid.yaml",
-    "paper-scale": REPO / "configs" / "paper-scale.yaml",
+    "paper-scale": FIXTURES / "paper-scale.yaml",  # one trace draw, as the golden was written
 }
 
 
