@@ -2,9 +2,7 @@
 
 The goldens in tests/fixtures/grid/ were written by the code before the cell redesign (tag
 golden-pre-cells): every cell's kind, key, config and upstream for configs/sandbox.yaml and a test
-grid, and a digest of the 15,167 cells of configs/paper-scale.yaml. Keys include package versions,
-so where the installed ones differ from the golden's, keys are not compared (configs still are).
-The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
+grid, and a digest of the 15,167 cells of configs/paper-scale.yaml. The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
 of version 1, the grid still gives the digest of that tag), and every golden for the extractor
 versions that rebuild training sets (a dataset's key holds its extractor's version); the sandbox
 golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates, and
