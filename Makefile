@@ -76,7 +76,7 @@ check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) tests/unit
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests/unit
 
 test: install
 	$(BIN)/ruff check .

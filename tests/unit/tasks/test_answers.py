@@ -280,6 +280,7 @@ def test_extraction_is_total_and_deterministic_on_any_unicode(text, with_choices
             assert (reading.value is None) == (reading.reason is not None)
 
 
+@pytest.mark.slow  # megabytes of text: make test, not make check
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(unit=_fragments.filter(bool))
 def test_extraction_reads_one_megabyte(unit):

@@ -150,6 +150,7 @@ def test_the_aligned_mix_is_counted_at_the_batch_it_runs(study):
     assert work[("train", mix["updates"].model)]["tokens"] == ref * 20 * study.train.max_length
 
 
+@pytest.mark.slow  # the CLI in a child process: make test, not make check
 def test_plan_prints_memory_fit_and_gpu_hours_for_the_study(tmp_path):
     """The paper study with no data dir; on a machine without nvidia-smi it says CPU only."""
     config = yaml.safe_load(STUDY.read_text())
