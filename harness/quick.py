@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.schema import Experiment, _relative_to, parse, task_names
+from harness.config.loading import _relative_to, parse
+from harness.config.schema import Experiment
+from harness.config.task_paths import task_names
 from harness.errors import UserError
 from harness.execution import plan
 from harness.execution.schedule import RunOptions

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from served import FakeUpstream, FaultProxy, Misbehaving
 
-from harness.config.schema import ModelSpec, parse
+from harness.config.loading import parse
+from harness.config.schema import ModelSpec
 from harness.engines import Request, Sampling, load
 from harness.engines.openai_engine import RequestsFailed, backoff, retry_after
 from harness.errors import UserError

@@ -15,7 +15,9 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness.config.schema import Experiment, parse, task_names
+from harness.config.loading import parse
+from harness.config.schema import Experiment
+from harness.config.task_paths import task_names
 from harness.tasks import suite as tasks
 from harness.workflow import grid
 
@@ -27,9 +29,9 @@ BBH_PROMPTS = REPO / "tasks" / "bbh" / "cot-prompts"
 CHILD = """
 import json, sys
 import harness
-from harness.config import schema as config
+from harness.config import task_paths
 from harness.tasks import suite as tasks
-names = config.task_names()
+names = task_paths.task_names()
 pre, shots = tasks.fewshot_exemplars("bbh_boolean_expressions", None)
 item = tasks.Item("x", 0, "not ( True ) and ( True ) is", "False")
 prompt = tasks.render_prompt("bbh_word_sorting", item, "few_shot_cot")
@@ -175,7 +177,7 @@ def test_validate_cli_exits_2_on_missing_few_shot_prompts(tmp_path):
 def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
     """Its phase 0 prompts every task few-shot (BBH's cot-prompts, MATH's file), from the hub:
     every prompt is found in the package."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     monkeypatch.delenv("COTGAP_DATA_DIR", raising=False)
     monkeypatch.delenv("COTGAP_TASKS_DIR", raising=False)

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.analysis import screening
-from harness.config.schema import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import AnalysisConfig, ScreenConfig, TrainConfig
 from harness.execution import plan, schedule
 from harness.models import sources as models
 from harness.sandbox.random_model import random_llama

@@ -130,7 +130,8 @@ def test_gradient_checkpointing_auto_is_on_from_1b_parameters():
 def test_gradient_checkpointing_is_not_in_the_adapter_key(tmp_path):
     from helpers import sandbox_grid
 
-    from harness.config.schema import Experiment, parse
+    from harness.config.loading import parse
+    from harness.config.schema import Experiment
     from harness.workflow import grid
 
     keys = []

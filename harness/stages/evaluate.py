@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import engines
-from harness.config.schema import AnalysisConfig, Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.execution import plan
 from harness.sandbox import tasks as sandbox_tasks
 from harness.stages import dataset
