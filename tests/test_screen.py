@@ -22,7 +22,7 @@ from harness.models import sources as models
 from harness.sandbox.random_model import random_llama
 from harness.stages import screen
 from harness.stages.dataset import encode, load_tokenizer
-from harness.stages.train import collate
+from harness.stages.encoding import collate
 from harness.store import Store, read_jsonl
 from harness.tasks import answers
 from harness.workflow import grid, regimes
@@ -85,7 +85,7 @@ def test_signals_equal_an_independent_computation(tiny: tuple, batch_size: int) 
 
 
 def test_the_screened_tokens_are_the_ones_training_puts_its_loss_on(tiny: tuple) -> None:
-    """Training's loss (train.collate's labels, train._step's cross-entropy) on one example is the
+    """Training's loss (encoding.collate's labels, train_worker._step's cross-entropy) on one example is the
     screen's NLL; the screen scores completion + EOS, not the prompt."""
     model, tok = tiny
     data = _examples(tok)
