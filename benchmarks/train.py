@@ -81,7 +81,7 @@ def cotgap_run(model_dir: Path, examples: Path, cfg: dict, work: Path) -> dict:
         "merge": False,
     }
     (cell_dir / "job.json").write_text(json.dumps(job))
-    s = train_worker.train(cell_dir)
+    s = train_worker.train_cell(cell_dir)
     return {k: s[k] for k in ("tokens_per_s", "wall_s", "non_pad_share", "final_loss")}
 
 

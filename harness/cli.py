@@ -169,7 +169,7 @@ def validate(
             exp = _load(path)
             from harness.workflow import grid
 
-            problems = grid.check(exp)
+            problems = grid.expand_problems(exp)
             if problems:
                 errors.extend(f"{path}: {p}" for p in problems)
                 continue

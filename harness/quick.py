@@ -150,7 +150,7 @@ def experiment(
     _known_tasks(exp)
     offline.settle(exp)
     checks.check(exp, "the command line")
-    problems = grid.check(exp)
+    problems = grid.expand_problems(exp)
     if problems:
         raise UserError("\n".join(problems))
     return exp

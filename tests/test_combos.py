@@ -204,7 +204,7 @@ def _problems(data: dict, tmp_path: Path) -> list[str]:
     path = tmp_path / "combo.yaml"
     path.write_text(yaml.safe_dump(data))
     try:
-        return grid.check(load_experiment(path))
+        return grid.expand_problems(load_experiment(path))
     except UserError as e:
         return [str(e)]
 

@@ -207,9 +207,9 @@ def test_screen_cells_are_computed_from_the_dataset_cells_cached_and_resumed(
 
 def test_screen_max_examples_screens_a_seeded_sample() -> None:
     records = [{"id": i} for i in range(10)]
-    assert screen.sample(records, None) == records and screen.sample(records, 20) == records
-    picked = screen.sample(records, 4)
-    assert len(picked) == 4 and picked == screen.sample(records, 4)
+    assert screen.subsample(records, None) == records and screen.subsample(records, 20) == records
+    picked = screen.subsample(records, 4)
+    assert len(picked) == 4 and picked == screen.subsample(records, 4)
     assert [r["id"] for r in picked] == sorted(r["id"] for r in picked)
 
 

@@ -523,7 +523,7 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
         method="full", epochs=1, per_device_batch_size=16, lr=1e-3, schedule="constant"
     )
     _write_job(tmp_path, tiny_model, store, adapter, cfg)
-    summary = train_worker.train(tmp_path)
+    summary = train_worker.train_cell(tmp_path)
     assert summary["steps"] == 7 and summary["epochs"] == 1.0  # 100 examples in batches of 16
     assert [r["lr"] for r in read_jsonl(tmp_path / "train_log.jsonl")] == [0.0] + [1e-3] * 6
     assert summary["adapter"] is None and not (tmp_path / "adapter").exists()
@@ -569,7 +569,7 @@ def test_weights_are_held_in_the_dtypes_plan_counts(
     exp, store, adapter = toy
     cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
     _write_job(tmp_path, tiny_model, store, adapter, cfg)
-    held = train_worker.train(tmp_path)["dtypes"]
+    held = train_worker.train_cell(tmp_path)["dtypes"]
     size = {"float32": 4, "bfloat16": 2}
     assert held["trained"] == "float32" and size[held["trained"]] == estimate.FULL_BYTES // 4
     if method == "lora":
@@ -786,7 +786,7 @@ def stopped(cell_dir, owner_pid):
     time.sleep(5)
     raise AssertionError("the signals did not interrupt the worker")
 
-train_worker.train = stopped
+train_worker.train_cell = stopped
 raise SystemExit(train_worker.main(["--cell-dir", {str(cell)!r}]))
 """
     done = subprocess.run(
@@ -814,7 +814,7 @@ def test_an_interrupted_worker_leaves_no_half_written_folder(
         time.sleep(5)
         raise AssertionError("the signal did not interrupt the worker")
 
-    monkeypatch.setattr(train_worker, "train", stopped_mid_save)
+    monkeypatch.setattr(train_worker, "train_cell", stopped_mid_save)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         assert train_worker.main(["--cell-dir", str(cell)]) == 128 + signal.SIGTERM

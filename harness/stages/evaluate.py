@@ -38,8 +38,8 @@ from harness.errors import UserError
 from harness.stages.generate import (
     CHUNK_SEQS,
     JOURNAL,
+    engine_provenance,
     journal_to,
-    provenance,
     requests,
     served_usage,
     task_items,
@@ -310,7 +310,7 @@ def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared:
             "name": engine.name,
             "version": engine.version(),
             "session": session_id,
-            **provenance(engine),
+            **engine_provenance(engine),
         },
         resumed_items=job.resumed,
         generated_tokens=job.tokens,

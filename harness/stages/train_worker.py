@@ -52,7 +52,7 @@ TRAINABLE = "trainable.safetensors"
 # --- adapter cells: the worker ------------------------------------------------------------------
 
 
-def train(cell_dir: Path, owner_pid: int | None = None) -> dict:
+def train_cell(cell_dir: Path, owner_pid: int | None = None) -> dict:
     """The worker: trains the adapter cell in `cell_dir` as its job.json says; returns a summary."""
     import psutil  # a dependency of accelerate
     from accelerate.utils import set_seed
@@ -695,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cell_dir in args.cell_dir:
             if (cell_dir / "manifest.json").exists():  # completed by an earlier worker
                 continue
-            train(cell_dir, args.owner_pid)
+            train_cell(cell_dir, args.owner_pid)
             gc.collect()  # the last model and optimizer go before the next cell's are built
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -192,7 +192,7 @@ def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
         exp.teachers[0].model_copy(update={"path": "sandbox:nope"}),
         exp.teachers[1].model_copy(update={"path": str(tmp_path / "missing")}),
     )
-    problems = grid.check(exp.model_copy(update={"teachers": teachers}))
+    problems = grid.expand_problems(exp.model_copy(update={"teachers": teachers}))
     assert len(problems) == 2 and "nope" in problems[0] and "missing" in problems[1]
 
 
