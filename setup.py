@@ -1,7 +1,7 @@
 """Ships the top-level task files in the wheel: `tasks/` (one YAML per task, few-shot files, BBH's
 CoT prompts) becomes `harness/tasks_data/` inside the built package. Everything else about the
 build is in pyproject.toml. A source checkout (and an editable install) reads `tasks/` in place
-(harness/config/schema.py: tasks_dir)."""
+(harness/config/task_paths.py: tasks_dir)."""
 
 import shutil
 from pathlib import Path

@@ -84,7 +84,7 @@ IncludePath = Annotated[
 
 def _include(paths: list[Path] | None) -> None:
     """Add --include-path folders to the task search path (COTGAP_TASK_PATH, so workers too)."""
-    from harness.config.schema import include_task_paths
+    from harness.config.task_paths import include_task_paths
 
     for p in paths or []:
         if not p.is_dir():
@@ -128,7 +128,7 @@ def _load(config: Path, runnable: bool = False, include_path: list[Path] | None 
     """The experiment of `config`, its tasks also searched in the --include-path folders;
     `runnable`: also refuse one that cannot run as it says (harness/workflow/checks.py), before any cell
     is planned."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     _include(include_path)
     exp = load_experiment(config)
@@ -146,7 +146,7 @@ def _load(config: Path, runnable: bool = False, include_path: list[Path] | None 
 
 def _say_shadowed(exp: Any) -> None:
     """A note for each task of `exp` whose file in a user's task folder replaces a built-in."""
-    from harness.config.schema import shadowed_builtin
+    from harness.config.task_paths import shadowed_builtin
 
     for t in exp.tasks:
         if found := shadowed_builtin(t.name):
@@ -169,7 +169,7 @@ def validate(
             exp = _load(path)
             from harness.workflow import grid
 
-            problems = grid.check(exp)
+            problems = grid.expand_problems(exp)
             if problems:
                 errors.extend(f"{path}: {p}" for p in problems)
                 continue

@@ -13,7 +13,7 @@ every `PLAIN_EVERY_S` seconds, so a log still shows that work moves and how fast
 
 On a terminal every bar of the process is a task of one live display (`_DISPLAY`): a run's phase
 bar (`PhaseBar`: the phase's cells done, with an ETA) and the bars of the jobs inside it, so bars
-never draw over each other. A child process that trains (harness/stages/train.py) cannot draw on that
+never draw over each other. A child process that trains (harness/stages/train_worker.py) cannot draw on that
 display: `Relay` gives it a file to append its bars' events to (`FORWARD_ENV` names it) and shows
 them here.
 """

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.schema import Experiment, _relative_to, parse, task_names
+from harness.config.loading import _relative_to, parse
+from harness.config.schema import Experiment
+from harness.config.task_paths import task_names
 from harness.errors import UserError
 from harness.execution import plan
 from harness.execution.schedule import RunOptions
@@ -148,7 +150,7 @@ def experiment(
     _known_tasks(exp)
     offline.settle(exp)
     checks.check(exp, "the command line")
-    problems = grid.check(exp)
+    problems = grid.expand_problems(exp)
     if problems:
         raise UserError("\n".join(problems))
     return exp

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from filelock import FileLock, Timeout
 
-from harness.config.schema import canonical, config_hash
+from harness.config.hashing import canonical, config_hash
 from harness.errors import LockedError, UserError
 
 CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter")  # the one list of cell kinds

@@ -221,14 +221,14 @@ def test_the_array_is_the_same_every_time():
 
 def _problems(data: dict, tmp_path: Path) -> list[str]:
     """What `cotgap validate` says of the experiment `data` (no server is contacted)."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.errors import UserError
     from harness.workflow import grid
 
     path = tmp_path / "combo.yaml"
     path.write_text(yaml.safe_dump(data))
     try:
-        return grid.check(load_experiment(path))
+        return grid.expand_problems(load_experiment(path))
     except UserError as e:
         return [str(e)]
 
@@ -288,7 +288,7 @@ def test_a_feature_combination_runs_through_every_command(combo, tmp_path, reque
         assert out.returncode == 0, (args[0], out.stderr[-3000:])
     with open(root / "analysis" / "leaderboard.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["row_type"] == "distilled"]
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     assert {r["regime"] for r in rows} == set(regimes.row_regimes(load_experiment(path).train))
     assert (tmp_path / "export" / "README.md").is_file() and (tmp_path / "view.html").is_file()

@@ -159,7 +159,7 @@ def test_on_policy_refuses_the_mix_regime(tmp_path: Path) -> None:
 
 def test_validate_refuses_teachers_of_another_tokenizer(tmp_path: Path) -> None:
     """A teacher whose tokenizer gives one character another id: kd and on_policy cannot compare
-    its distributions with the student's; `grid.check` (cotgap validate) says so, sft does not."""
+    its distributions with the student's; `grid.expand_problems` (cotgap validate) says so, sft does not."""
     import json
 
     other = tmp_path / "other-teacher"

@@ -26,7 +26,7 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.execution import schedule
 from harness.sandbox import zoo
 from harness.sandbox.random_model import random_llama

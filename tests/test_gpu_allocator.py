@@ -17,7 +17,8 @@ import pytest
 from helpers import sandbox_grid
 
 from harness import devices
-from harness.config.schema import Experiment, parse
+from harness.config.loading import parse
+from harness.config.schema import Experiment
 from harness.execution import schedule
 from harness.store import Store
 from harness.workflow import grid

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from served import FakeUpstream, FaultProxy, Misbehaving
 
-from harness.config.schema import ModelSpec, parse
+from harness.config.loading import parse
+from harness.config.schema import ModelSpec
 from harness.engines import Request, Sampling, load
 from harness.engines.openai_engine import RequestsFailed, backoff, retry_after
 from harness.errors import UserError
@@ -289,10 +290,10 @@ def test_kd_and_on_policy_refuse_a_served_teacher() -> None:
     for method in ("kd", "on_policy"):
         data = _exp(**served)
         data["train"]["methods"] = ["sft", method]
-        problems = grid.check(parse(Experiment, data, "exp.yaml"))
+        problems = grid.expand_problems(parse(Experiment, data, "exp.yaml"))
         assert len(problems) == 1 and "a served teacher (t; engine.kind: openai)" in problems[0]
         assert "keep only sft in train.methods" in problems[0]
-    assert not grid.check(parse(Experiment, _exp(**served), "exp.yaml"))
+    assert not grid.expand_problems(parse(Experiment, _exp(**served), "exp.yaml"))
 
 
 def test_the_eval_stage_counts_only_what_an_earlier_run_journaled(tmp_path: Path) -> None:

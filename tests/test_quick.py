@@ -58,14 +58,14 @@ def test_task_new_writes_a_task_that_loads_and_scores(tmp_path, monkeypatch):
     without = cotgap("ls", "tasks", cwd=tmp_path)
     assert "my_sums" not in without.stdout  # only where its folder is included
 
-    from harness.config import schema as config
+    from harness.config import task_paths
     from harness.tasks import scoring
     from harness.tasks import suite as tasks
 
     monkeypatch.setenv("COTGAP_TASK_PATH", str(tasks_dir))
     items = tasks.load_items("my_sums", "test", data_dir)
     assert [i.question for i in items][:2] == ["What is 0 + 1?", "What is 1 + 2?"]
-    assert config.task_file("my_sums") == tasks_dir / "my_sums.yaml"
+    assert task_paths.task_file("my_sums") == tasks_dir / "my_sums.yaml"
     preds = tmp_path / "preds.jsonl"
     right, wrong = items[2], items[3]
     preds.write_text(
@@ -274,7 +274,7 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     }
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.execution import plan
     from harness.store import Store
     from harness.workflow import grid
@@ -353,7 +353,7 @@ def _grid_config(tmp_path: Path, student: str) -> Path:
 def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
     import csv
 
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.store import Store
     from harness.workflow import grid, index
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness import progress
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.execution import schedule
 from harness.store import Store

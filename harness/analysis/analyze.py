@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import screening, spend
-from harness.config.schema import AnalysisConfig, Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.errors import UserError
 from harness.execution import schedule
 from harness.models import sources as models

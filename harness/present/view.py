@@ -45,7 +45,7 @@ def flip(base: bool, post: bool) -> str:
 def resolve_root(target: Path) -> tuple[Path, str | None]:
     """The results directory (`<results_dir>/<name>`) and data dir from a YAML or a directory."""
     if target.is_file():
-        from harness.config.schema import load_experiment
+        from harness.config.loading import load_experiment
 
         exp = load_experiment(target)
         return exp.root, exp.data_dir

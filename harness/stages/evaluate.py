@@ -30,15 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from harness import engines
-from harness.config.schema import AnalysisConfig, Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
 from harness.stages.generate import (
     CHUNK_SEQS,
     JOURNAL,
+    engine_provenance,
     journal_to,
-    provenance,
     requests,
     served_usage,
     task_items,
@@ -309,7 +310,7 @@ def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared:
             "name": engine.name,
             "version": engine.version(),
             "session": session_id,
-            **provenance(engine),
+            **engine_provenance(engine),
         },
         resumed_items=job.resumed,
         generated_tokens=job.tokens,

@@ -28,16 +28,9 @@ from typing import Any, Literal, TextIO
 
 from pydantic import Field, model_validator
 
-from harness.config.schema import (
-    PromptStyle,
-    Strict,
-    parse,
-    read_yaml,
-    task_dirs,
-    task_file,
-    task_names,
-    tasks_dir,
-)
+from harness.config.loading import parse, read_yaml
+from harness.config.schema import PromptStyle, Strict
+from harness.config.task_paths import task_dirs, task_file, task_names, tasks_dir
 from harness.errors import UserError
 from harness.sandbox import tasks as sandbox
 from harness.store import OUT_FIX, atomic_write_text, jsonl_text

@@ -34,7 +34,8 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
-from harness.config.schema import EvalConfig, Experiment, ScreenConfig, TrainConfig, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import EvalConfig, Experiment, ScreenConfig, TrainConfig
 from harness.models import sources as models
 from harness.store import CELL_KINDS, cell_key, package_versions, vllm_version
 from harness.tasks import answers

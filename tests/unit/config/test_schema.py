@@ -8,7 +8,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.errors import UserError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -121,7 +122,7 @@ def test_task_refs_accept_names_and_mappings(tmp_path):
 
 
 def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
-    from harness.config.schema import read_yaml
+    from harness.config.loading import read_yaml
 
     path = tmp_path / "x.yaml"
     path.write_text("a: 1\nb:\n  c: 2\n  d: 3\n  c: 4\n")
@@ -187,7 +188,7 @@ def _strict_models() -> list[type]:
 
 def _field_paths(model: type, prefix: str = "") -> list[tuple[str, object]]:
     """(key path with `[]` for list items, annotation) of every field under `model`."""
-    from harness.config.schema import _unwrap
+    from harness.config.loading import _unwrap
 
     out = []
     for name, field in model.model_fields.items():

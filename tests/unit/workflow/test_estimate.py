@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import Experiment, load_experiment, parse
+from harness.config.loading import load_experiment, parse
+from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.execution import plan
 from harness.workflow import estimate, grid

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.execution import plan
 from harness.sandbox import tasks as sandbox_tasks
 from harness.stages import dataset
@@ -190,7 +191,7 @@ def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
         exp.teachers[0].model_copy(update={"path": "sandbox:nope"}),
         exp.teachers[1].model_copy(update={"path": str(tmp_path / "missing")}),
     )
-    problems = grid.check(exp.model_copy(update={"teachers": teachers}))
+    problems = grid.expand_problems(exp.model_copy(update={"teachers": teachers}))
     assert len(problems) == 2 and "nope" in problems[0] and "missing" in problems[1]
 
 
