@@ -435,7 +435,7 @@ def test_a_task_named_like_a_built_in_is_said_to_replace_it(tmp_path):
     that read the task say so, naming both files."""
     mine = tmp_path / "tasks"
     mine.mkdir()
-    builtin = REPO / "harness" / "tasks_data" / "sandbox_addition.yaml"
+    builtin = REPO / "tasks" / "sandbox_addition.yaml"
     (mine / "sandbox_addition.yaml").write_text(builtin.read_text())
     cfg = {
         "name": "own",
