@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
+#   make check  the fast tier (under a minute): lint, format, types, unit tests (tests/unit/)
 #   make real-models   retry the best-effort install of a real GGUF model (configs/real-smol.yaml)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -17,7 +18,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test test-slow lint bench install clean-results real-models gpu-check
+.PHONY: demo check test test-slow test-combos lint bench install clean-results real-models gpu-check
 
 install: $(STAMP)
 
@@ -68,12 +69,26 @@ demo: install
 # one by one (the real-model module stays together).
 TEST_WORKERS ?= 2
 
+# Test tiers: `make check` (tests/unit: pure functions, no engine, worker or CLI process) for each
+# change; `make test` (the README's command) adds the pipeline tests; `make test-slow` the fault
+# suite, the combination grids, the served teacher and the real model; CI runs test and test-slow.
+check: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests/unit
+
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served" --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served" --durations=25
 
 test-slow: install real-models
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "faults or real_model or combos or served" -rs --durations=8
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served) and not combos_full" -rs --durations=25
+
+# All 18 grids of the pairwise feature array (tests/test_combos.py); CI runs the few that hold
+# every factor value. Run it before a release, or after a change to how features combine.
+test-combos: install
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m combos -rs --durations=25
 
 real-models: install
 	@$(install_real_models)

@@ -8,7 +8,7 @@ under 8 minutes on an H100. Prints tokens/s, model FLOPs utilisation (MFU) and p
    `cotgap run`, into a temporary results directory;
 2. LoRA and full fine-tuning steps of a randomly initialised model of Qwen2.5-1.5B's
    architecture, built from its config (nothing is downloaded), through cotgap's loss
-   (harness.stages.train.completion_ce) under accelerate's bf16 mixed precision, with gradient
+   (harness.stages.train_worker.completion_ce) under accelerate's bf16 mixed precision, with gradient
    checkpointing as `train.gradient_checkpointing: auto` decides;
 3. generation with the same model (transformers' `generate`, what the transformers engine runs);
 4. cotgap's sharded training path: a full fine-tuning of the test-zoo student through
@@ -172,7 +172,7 @@ def train_steps(device: str, method: str) -> dict[str, Any]:
     from accelerate import Accelerator
 
     from harness.config.schema import TrainConfig
-    from harness.stages import train
+    from harness.stages import train_worker
     from harness.workflow import estimate
 
     batch, length, steps = SIZES[device][:3]
@@ -200,7 +200,7 @@ def train_steps(device: str, method: str) -> dict[str, Any]:
             _sync(device)
             _reset_peak(device)
             t0 = time.perf_counter()
-        acc.backward(train.completion_ce(acc, model, b) / ids.numel())
+        acc.backward(train_worker.completion_ce(acc, model, b) / ids.numel())
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     _sync(device)
@@ -272,7 +272,7 @@ fsdp_config:
 
 
 def fsdp(device: str) -> dict[str, Any]:
-    """harness.stages.train's worker under accelerate FSDP2: 4 steps of full fine-tuning with a sharded
+    """harness.stages.train_worker under accelerate FSDP2: 4 steps of full fine-tuning with a sharded
     checkpoint at step 2, then the whole weights gathered into merged/ (every tensor of the
     base, at its shape)."""
     from safetensors.torch import load_file

@@ -1,15 +1,19 @@
 """Frequency properties of the report's rule (harness/stats/teacher_level.py), by simulation with known truth.
 
-    .venv/bin/python -m benchmarks.inference              # about 5 minutes on 2 cores
+    .venv/bin/python -m benchmarks.inference              # about 25 minutes on 2 cores
     .venv/bin/python -m benchmarks.inference --runs 200   # quicker, noisier
 
 Prints, as Markdown tables for benchmarks/README.md:
-1. family-wise error of any `better`/`worse` and the rate of a false "distill from X", four
-   teachers equal to each other and to the baseline, by replicate SD and replicates, and the
-   same without pooling the replicate variance over the group's teachers (the ablation);
-2. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
+1. family-wise error of any `better`/`worse`, the false-teacher rate and the rate of "none",
+   four teachers equal to each other and to the baseline (200 items), by replicates and by the
+   replicates' spread: one SD for all, one erratic teacher at 3x, t(3)-tailed replicate effects;
+   at 3 replicates also with the replicate variance pooled over the group, and with each
+   teacher's own (signed) alone (the ablations);
+2. the answer's power: one teacher truly 10 points ahead of the others and of the baseline;
+3. "none" at the boundary: one teacher's true gain exactly the effect of interest;
+4. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
-3. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed).
+5. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed).
 (The cross-group tests are benchmarks/studies.py's.)
 The synthetic model is `inference.simulate`; tests/test_inference.py asserts the bounds.
 """
@@ -17,45 +21,80 @@ The synthetic model is `inference.simulate`; tests/test_inference.py asserts the
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import numpy as np
 
 from harness.stats import teacher_level as inf
 
+SPREADS = {
+    "SD 0": dict(rep_sd=0.0),
+    "SD 1.8": dict(rep_sd=0.018),
+    "SD 3.5": dict(rep_sd=0.035),
+    "one at 3x 1.8": dict(rep_sd=[0.054, 0.018, 0.018, 0.018]),
+    "one at 3x 3.5": dict(rep_sd=[0.105, 0.035, 0.035, 0.035]),
+    "t(3), SD 3.5": dict(rep_sd=0.035, rep_df=3),
+}
+
+
+@contextlib.contextmanager
+def variance_rule(rule: str):
+    """The rule's replicate variance ("max": own or pooled, the larger), or an ablation:
+    "pooled" (the group's for every teacher), "own" (each teacher's own, signed)."""
+    keep = inf.own_mean_squares
+
+    def ablation(units, pooled):
+        own = keep(units, None)
+        return own if rule == "own" or pooled is None else inf.Pooled(
+            pooled.ms_rep, own.ms_res, pooled.df_rep, own.df_res)  # fmt: skip
+
+    if rule != "max":
+        inf.own_mean_squares = ablation
+    try:
+        yield
+    finally:
+        inf.own_mean_squares = keep
+
 
 def fwer(runs: int) -> list[str]:
-    lines = ["| items | replicates | replicate SD (pts) | FWER of better/worse | false 'distill from X' "
-             "| FWER, each teacher's own replicate variance |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for n in (50, 200):
-        for reps in (3, 5):
-            for sd in (0.0, 0.018, 0.035):
-                rng = np.random.default_rng(n + 10 * reps + int(1000 * sd))
-                base, arms = inf.simulate(rng, runs, n, 0.3, [0.3] * 4, reps, sd)
-                err, dist = _errors(base, arms, runs)
-                own, _ = _errors(base, arms, runs, pooled=False)
-                lines.append(
-                    f"| {n} | {reps} | {100 * sd:.1f} | {err:.3f} | {dist:.3f} | {own:.3f} |"
-                )
+    lines = ["| replicates | replicate spread | FWER of better/worse | false teacher | none "
+             "| FWER, pooled | FWER, own (signed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for reps in (2, 3, 5):
+        for k, (name, kw) in enumerate(SPREADS.items()):
+            rng = np.random.default_rng(100 * reps + k)
+            base, arms = inf.simulate(rng, runs, 200, 0.3, [0.3] * 4, reps, **kw)
+            err, false, _, none = inf.answer_rates(base, arms)
+            cols = [f"{err:.3f}", f"{false:.3f}", f"{none:.3f}"]
+            for rule in ("pooled", "own"):
+                if reps != 3:
+                    cols.append("–")
+                    continue
+                with variance_rule(rule):
+                    cols.append(f"{inf.answer_rates(base, arms)[0]:.3f}")
+            lines.append(f"| {reps} | {name} | " + " | ".join(cols) + " |")
     return lines
 
 
-def _errors(base, arms, runs: int, pooled: bool = True) -> tuple[float, float]:
-    """(family-wise error, false 'distill from X') of `decide_group` over the simulated groups;
-    `pooled=False`: the ablation in which every teacher keeps its own replicate variance."""
-    accepts = inf._bartlett_accepts
-    if not pooled:
-        inf._bartlett_accepts = lambda variances, dfs, p: np.zeros(np.shape(p), dtype=bool)
-    try:
-        err = dist = 0
-        for s in range(runs):
-            d = inf.decide_group(base[s], {f"t{k}": list(arms[k][s]) for k in range(4)})
-            calls = [t["verdict"] for t in d.teachers] + [q["verdict"] for q in d.pairs]
-            err += any(v in ("better", "worse") for v in calls)
-            dist += d.answer not in ("none", "inconclusive")
-    finally:
-        inf._bartlett_accepts = accepts
-    return err / runs, dist / runs
+def lead(runs: int) -> list[str]:
+    lines = ["| teachers | replicates | item concordance | named | false teacher |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for m in (2, 3, 4):
+        for reps, conc in ((3, 0.5), (5, 0.5), (3, 0.8)):
+            rng = np.random.default_rng(10 * m + reps)
+            accs = [0.4] + [0.3] * (m - 1)
+            base, arms = inf.simulate(rng, runs, 200, 0.3, accs, reps, 0.035, concordance=conc)
+            _, false, named, _ = inf.answer_rates(base, arms, leader="t0")
+            lines.append(f"| {m} | {reps} | {conc:g} | {named:.3f} | {false:.3f} |")
+    return lines
+
+
+def none_level(runs: int) -> list[str]:
+    lines = ["| items | teachers' true gains (pts) | none |", "|---|---|---|"]
+    for n, accs in ((400, [0.53, 0.4, 0.4]), (400, [0.53, 0.53, 0.53]), (1000, [0.53, 0.5])):
+        base, arms = inf.simulate(np.random.default_rng(n), runs, n, 0.5, accs, 3, 0.01, 0.9)
+        gains = ", ".join(f"{100 * (a - 0.5):+.0f}" for a in accs)
+        lines.append(f"| {n} | {gains} | {inf.answer_rates(base, arms)[3]:.3f} |")
+    return lines
 
 
 def coverage(runs: int) -> list[str]:
@@ -86,6 +125,8 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=600)
     runs = p.parse_args().runs
     for title, lines in (("Family-wise error, four equal teachers (baseline 30%)", fwer(runs)),
+                         ("A 10-point lead, 200 items, replicate SD 3.5", lead(runs)),
+                         ("None at the effect of interest (3 points)", none_level(runs)),
                          ("Coverage, 3 replicates, 2-point replicate SD", coverage(runs)),
                          ("Power at the stated MDE", power())):  # fmt: skip
         print(f"\n### {title}\n")

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from harness.config.schema import TrainConfig
-from harness.stages import train
+from harness.stages import encoding, train_worker
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -81,7 +81,7 @@ def cotgap_run(model_dir: Path, examples: Path, cfg: dict, work: Path) -> dict:
         "merge": False,
     }
     (cell_dir / "job.json").write_text(json.dumps(job))
-    s = train.train(cell_dir)
+    s = train_worker.train_cell(cell_dir)
     return {k: s[k] for k in ("tokens_per_s", "wall_s", "non_pad_share", "final_loss")}
 
 
@@ -95,9 +95,9 @@ def bare_run(model_dir: Path, examples: Path, cfg: dict) -> dict:
     c = TrainConfig.model_validate(cfg)
     acc = Accelerator(gradient_accumulation_steps=c.grad_accum, cpu=True)
     set_seed(0)
-    tok = train.load_tokenizer(str(model_dir), True)
+    tok = encoding.load_tokenizer(str(model_dir), True)
     data = [
-        train.encode(tok, r["prompt"], r["completion"], True)
+        encoding.encode(tok, r["prompt"], r["completion"], True)
         for r in map(json.loads, examples.read_text().splitlines())
     ]
     lora = peft.LoraConfig(
@@ -109,13 +109,15 @@ def bare_run(model_dir: Path, examples: Path, cfg: dict) -> dict:
     model, opt, sched = acc.prepare(model, opt, sched)
     n_micro = c.max_steps * c.grad_accum
     batches = islice(
-        train.micro_batches([len(ids) for ids, _ in data], c.per_device_batch_size, False, 0),
+        train_worker.micro_batches(
+            [len(ids) for ids, _ in data], c.per_device_batch_size, False, 0
+        ),
         n_micro,
     )
     model.train()
     tokens, began = 0, time.perf_counter()
     for idx in batches:
-        batch = train.collate(data, idx, tok.pad_token_id)
+        batch = encoding.collate(data, idx, tok.pad_token_id)
         with acc.accumulate(model):
             loss = model(**batch).loss
             acc.backward(loss)
@@ -136,11 +138,11 @@ def bare_run(model_dir: Path, examples: Path, cfg: dict) -> dict:
 def padding_shares(model_dir: Path, examples: Path, size: int, n_batches: int) -> dict:
     """Non-pad share of one epoch of micro-batches, with and without length grouping."""
     rows = [json.loads(line) for line in examples.read_text().splitlines()]
-    tok = train.load_tokenizer(str(model_dir), True)
-    lengths = [len(train.encode(tok, r["prompt"], r["completion"], True)[0]) for r in rows]
+    tok = encoding.load_tokenizer(str(model_dir), True)
+    lengths = [len(encoding.encode(tok, r["prompt"], r["completion"], True)[0]) for r in rows]
     out = {}
     for grouped in (False, True):
-        batches = list(islice(train.micro_batches(lengths, size, grouped, 0), n_batches))
+        batches = list(islice(train_worker.micro_batches(lengths, size, grouped, 0), n_batches))
         real = sum(lengths[i] for b in batches for i in b)
         padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
         out["grouped" if grouped else "ungrouped"] = round(real / padded, 4)

@@ -1,6 +1,6 @@
 """Peak memory of one training step at Qwen2.5's vocabulary (151,936) and 4,096 completion tokens,
 with a small hidden size so that the logits dominate: the plain loss (the whole batch's logits in
-fp32) against cotgap's chunked linear cross-entropy (harness.stages.train.completion_ce).
+fp32) against cotgap's chunked linear cross-entropy (harness.stages.train_worker.completion_ce).
 
     .venv/bin/python -m benchmarks.train_memory                 # both, one fresh process each
     .venv/bin/python -m benchmarks.train_memory --tokens 2048 --hidden 128
@@ -38,7 +38,7 @@ def step(variant: str, tokens: int, hidden: int, rows: int) -> dict:
     from accelerate import Accelerator
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from harness.stages import train
+    from harness.stages import train_worker
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -64,7 +64,7 @@ def step(variant: str, tokens: int, hidden: int, rows: int) -> dict:
         targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100).flatten()
         loss = F.cross_entropy(logits.flatten(0, 1).float(), targets, reduction="sum")
     else:
-        loss = train.completion_ce(acc, model, batch)
+        loss = train_worker.completion_ce(acc, model, batch)
     loss.backward()
     return {
         "variant": variant,
@@ -78,7 +78,7 @@ def step(variant: str, tokens: int, hidden: int, rows: int) -> dict:
         "peak_rss_mib": round(_peak_mib(), 1),
         "step_adds_mib": round(_peak_mib() - before, 1),
         "fp32_logits_of_batch_mib": round(tokens * VOCAB * 4 / 2**20, 1),
-        "chunk_positions": train.CHUNK_BYTES // (4 * VOCAB),
+        "chunk_positions": train_worker.CHUNK_BYTES // (4 * VOCAB),
     }
 
 

@@ -145,10 +145,10 @@ def _note(model: type[BaseModel], name: str) -> str:
 
 
 def _check_notes() -> None:
-    import harness.config.schema as config
+    import harness.config.schema as schema
 
     for model, keys in NOTES.items():
-        fields = getattr(config, model).model_fields
+        fields = getattr(schema, model).model_fields
         gone = sorted(set(keys) - set(fields))
         if gone:
             raise SystemExit(f"docs/gen_reference.py NOTES: {model} has no keys {gone}")

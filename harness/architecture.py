@@ -1,4 +1,4 @@
-"""The layers of `harness`, lowest first: the one table the layering test (tests/test_layers.py)
+"""The layers of `harness`, lowest first: the one table the layering test (tests/unit/test_architecture.py)
 checks the imports against and the contributor map (docs/contributing.md) is generated from.
 
     python docs/gen_reference.py          # rewrites the map in docs/contributing.md

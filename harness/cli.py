@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -84,7 +84,7 @@ IncludePath = Annotated[
 
 def _include(paths: list[Path] | None) -> None:
     """Add --include-path folders to the task search path (COTGAP_TASK_PATH, so workers too)."""
-    from harness.config.schema import include_task_paths
+    from harness.config.task_paths import include_task_paths
 
     for p in paths or []:
         if not p.is_dir():
@@ -128,7 +128,7 @@ def _load(config: Path, runnable: bool = False, include_path: list[Path] | None 
     """The experiment of `config`, its tasks also searched in the --include-path folders;
     `runnable`: also refuse one that cannot run as it says (harness/workflow/checks.py), before any cell
     is planned."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     _include(include_path)
     exp = load_experiment(config)
@@ -140,7 +140,20 @@ def _load(config: Path, runnable: bool = False, include_path: list[Path] | None 
 
         checks.check(exp, str(config))
     _STATE["results"] = exp.root  # named by the line an interrupted command prints
+    _say_shadowed(exp)
     return exp
+
+
+def _say_shadowed(exp: Any) -> None:
+    """A note for each task of `exp` whose file in a user's task folder replaces a built-in."""
+    from harness.config.task_paths import shadowed_builtin
+
+    for t in exp.tasks:
+        if found := shadowed_builtin(t.name):
+            _log(
+                f"note: task {t.name} is read from {found[0]}, which replaces the built-in task "
+                f"of that name ({found[1]}); rename your task to use both"
+            )
 
 
 @app.command()
@@ -156,13 +169,15 @@ def validate(
             exp = _load(path)
             from harness.workflow import grid
 
-            problems = grid.check(exp)
+            problems = grid.expand_problems(exp)
             if problems:
                 errors.extend(f"{path}: {p}" for p in problems)
                 continue
             typer.echo(
                 f"ok  {path}: {len(exp.teachers)} teachers x {len(exp.students)} students x {len(exp.tasks)} tasks"
             )
+            for w in exp.replicate_warnings():
+                typer.echo(f"    warning: {w}")
             for (
                 m
             ) in exp.teachers:  # the key is read when the engine starts: say now if it is not set
@@ -531,6 +546,7 @@ def eval_cmd(
     settings = quick.Settings(max_tokens=max_tokens, dtype=dtype)
     exp = quick.experiment([model], [model], names, limit, results_dir, settings, data_dir=data_dir)
     _STATE["results"] = exp.root
+    _say_shadowed(exp)
     _say_engine(exp)
     rows, counts = quick.evaluate(exp, log=_log)
     table = Table("task", "model", "items", "accuracy % [95% interval]", "cell")
@@ -591,6 +607,7 @@ def distill(
         data_dir,
     )
     _STATE["results"] = exp.root
+    _say_shadowed(exp)
     _say_engine(exp)
     r, counts = quick.distill(exp, log=_log)
     level = f"{100 * r['level']:g}%"
@@ -845,7 +862,8 @@ def sandbox_build(
         typer.Option("--ship", help="maintainers: replace the shipped models with the rebuild"),
     ] = False,
     seed: Annotated[
-        int | None, typer.Option(help="replace every recipe's seed (a robustness check)")
+        int | None,
+        typer.Option(min=0, max=2**32 - 1, help="replace every recipe's seed (a robustness check)"),
     ] = None,
 ) -> None:
     """Rebuild the tiny model zoo from scratch on CPU into the cache (the demo uses the shipped one).

@@ -6,13 +6,14 @@
 
 Events are the dicts a stage child sends through `harness.engines.emit` (or the training worker
 builds itself): `total`, `status`, `cell`, `skipped` (work resumed from disk, not this run's),
-`samples` + `tokens`, and `fields` (extra text shown after the speed, e.g. the loss). When stderr
+`samples` + `tokens`, `fields` (extra text shown after the speed, e.g. the loss), and `note`
+(a line always printed, e.g. a server's long Retry-After). When stderr
 is not a terminal (CI logs, `make demo > log`), a line is printed when a cell starts and at most
 every `PLAIN_EVERY_S` seconds, so a log still shows that work moves and how fast.
 
 On a terminal every bar of the process is a task of one live display (`_DISPLAY`): a run's phase
 bar (`PhaseBar`: the phase's cells done, with an ETA) and the bars of the jobs inside it, so bars
-never draw over each other. A child process that trains (harness/stages/train.py) cannot draw on that
+never draw over each other. A child process that trains (harness/stages/train_worker.py) cannot draw on that
 display: `Relay` gives it a file to append its bars' events to (`FORWARD_ENV` names it) and shows
 them here.
 """
@@ -148,6 +149,8 @@ class StageProgress:
             p.update(t, total=self.total)
         if "fields" in event:
             self.extra = event["fields"]
+        if "note" in event:  # a line the user must see, whatever the display
+            self.note(event["note"])
         if "samples" in event:
             self.start = self.start or time.perf_counter()
             self.done += event["samples"]
@@ -157,6 +160,15 @@ class StageProgress:
             p.update(t, advance=event["samples"], speed=text)
             of = f"/{self.total}" if self.total is not None else ""
             self._plain(f"{self.description}: {self.done}{of} done, {text}")
+
+    def note(self, line: str) -> None:
+        """Print `line` above the bars (on a terminal) or as a line of the log."""
+        if not self.enabled:
+            return
+        if self.rich:
+            console(stderr=True).print(f"  {self.description}: {line}", markup=False)
+        else:
+            print(f"  {self.description}: {line}", file=sys.stderr, flush=True)
 
     def _plain(self, line: str, force: bool = False) -> None:
         if not self.enabled or self.rich:

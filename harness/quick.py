@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.schema import Experiment, _relative_to, parse, task_names
+from harness.config.loading import _relative_to, parse
+from harness.config.schema import Experiment
+from harness.config.task_paths import task_names
 from harness.errors import UserError
 from harness.execution import plan
 from harness.execution.schedule import RunOptions
@@ -46,6 +48,33 @@ class Settings:
     lr: float = 2e-4
     batch_size: int = 8
     effect: float = 3.0  # effect of interest, points
+
+
+# The config keys a quick command fills from its options: an error names the option, not the key
+# (list indices written `[]`).
+FLAGS = {
+    "name": "--results-dir",
+    "results_dir": "--results-dir",
+    "data_dir": "--data-dir",
+    "teachers[].path": "--teacher",
+    "students[].path": "--student",
+    "teachers[].engine.dtype": "--dtype",
+    "students[].engine.dtype": "--dtype",
+    "tasks[].name": "--task",
+    "tasks[].test_limit": "--limit",
+    "tasks[].train_limit": "--train-limit",
+    "generate.n": "--samples",
+    "generate.temperature": "--temperature",
+    "generate.max_tokens": "--max-tokens",
+    "generate.seed": "--seeds",
+    "generate.seeds": "--seeds",
+    "train.seeds": "--seeds",
+    "train.max_steps": "--max-steps",
+    "train.lr": "--lr",
+    "train.per_device_batch_size": "--batch-size",
+    "evaluate.max_tokens": "--max-tokens",
+    "analysis.effect_of_interest": "--effect",
+}
 
 
 def model_name(path: str) -> str:
@@ -117,11 +146,11 @@ def experiment(
         "evaluate": {"max_tokens": settings.max_tokens},
         "analysis": {"effect_of_interest": settings.effect},
     }
-    exp = _relative_to(parse(Experiment, data, "the command line"), Path.cwd())
+    exp = _relative_to(parse(Experiment, data, "the command line", FLAGS), Path.cwd())
     _known_tasks(exp)
     offline.settle(exp)
     checks.check(exp, "the command line")
-    problems = grid.check(exp)
+    problems = grid.expand_problems(exp)
     if problems:
         raise UserError("\n".join(problems))
     return exp

@@ -30,10 +30,10 @@ from typing import Any
 import yaml
 from filelock import FileLock, Timeout
 
-from harness.config.schema import canonical, config_hash
+from harness.config.hashing import canonical, config_hash
 from harness.errors import LockedError, UserError
 
-CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter", "analysis")
+CELL_KINDS = ("traces", "eval", "dataset", "screen", "adapter")  # the one list of cell kinds
 _KEY_RE = re.compile(r"^[0-9a-f]{20}$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -284,6 +284,18 @@ class Store:
     def complete(self, kind: str, key: str) -> bool:
         return (self.cell_dir(kind, key) / "manifest.json").exists()
 
+    def output(self, kind: str, key: str, name: str) -> Path:
+        """The file `name` of the complete cell (kind, key), for a stage downstream that reads it.
+        A complete cell without it was damaged after it completed (a re-run keeps complete
+        cells): the error says to delete the cell, so that the re-run recomputes it."""
+        d = self.cell_dir(kind, key)
+        if not self.complete(kind, key):
+            raise UserError(f"{kind} cell {d} is not complete; `cotgap run` computes it first.")
+        path = d / name
+        if not path.exists():
+            raise UserError(f"{path} is missing from a complete cell; {_fix_cell(d)}.")
+        return path
+
     def complete_any(self, key: str) -> bool:
         """Whether a cell with this key is complete, whatever its kind."""
         return any(self.complete(kind, key) for kind in CELL_KINDS)
@@ -327,8 +339,8 @@ class Store:
                 stale.acquire(timeout=0)
                 _release(stale)
 
-    def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> Cell:
-        return Cell(self, kind, key, config, upstream)
+    def open_cell(self, kind: str, key: str, config: Any, upstream: Sequence[str] = ()) -> OpenCell:
+        return OpenCell(self, kind, key, config, upstream)
 
     def check(self) -> list[tuple[str, str, str]]:
         """(kind, key, problem) for every complete cell whose files differ from its manifest: a
@@ -360,8 +372,9 @@ def _outputs_problem(cell_dir: Path, outputs: Mapping[str, str]) -> str | None:
     return None
 
 
-class Cell:
-    """A cell being computed. Use as a context manager; call `finish()` to complete it."""
+class OpenCell:
+    """A cell being computed, as a context manager; `finish()` completes it. (What a cell is, its
+    identity and inputs, is the spec harness/workflow/cells.py: Cell.)"""
 
     def __init__(self, store: Store, kind: str, key: str, config: Any, upstream: Sequence[str]):
         self.store, self.kind, self.key = store, kind, key
@@ -372,7 +385,7 @@ class Cell:
         self._start = time.time()
         self._writers: list[JsonlWriter] = []
 
-    def __enter__(self) -> Cell:
+    def __enter__(self) -> OpenCell:
         self.dir.mkdir(parents=True, exist_ok=True)
         try:
             self._lock.acquire(timeout=0)

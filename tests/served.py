@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from benchmarks.vllm_server import vllm_server
 
-__all__ = ["FAULTS", "FakeUpstream", "FaultProxy", "vllm_server"]
+__all__ = ["FAULTS", "FakeUpstream", "FaultProxy", "Misbehaving", "vllm_server"]
 
 FAULTS = ("429", "500", "slow", "truncated", "drop")
 
@@ -113,6 +113,36 @@ class FakeUpstream(_Server):
             return "I do not know. The answer is 0."
         a, b = int(m.group(1)), int(m.group(2))
         return f"{a}+{b}={a + b}. The answer is {a + b}."
+
+
+class _MisbehavingHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        owner = self.server.owner  # type: ignore[attr-defined]
+        status, body, headers = Misbehaving.REPLIES[owner.route]
+        owner.statuses.append(status)
+        _reply(self, status, json.dumps(body).encode(), headers)
+
+
+class Misbehaving(_Server):
+    """A server that answers every request the same wrong way (`route`): a wrong model name
+    (404), a refused key (401), a 200 whose body is not the API's, or 429 every time."""
+
+    REPLIES = {
+        "model": (404, {"error": {"message": "The model `m` does not exist."}}, ()),
+        "key": (401, {"error": {"message": "Incorrect API key provided."}}, ()),
+        "garbled": (200, {"unexpected": True}, ()),
+        "busy": (429, {"error": {"message": "Rate limit reached."}}, (("Retry-After", "0"),)),
+        "refused": (500, {}, ()),  # not asked: the test points the client at a closed port
+    }
+
+    def __init__(self, route: str) -> None:
+        super().__init__(_MisbehavingHandler)
+        self.route = route
+        self.statuses: list[int] = []
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):

@@ -19,7 +19,7 @@ import yaml
 from helpers import sandbox_grid
 
 from harness.analysis import report
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.present import view
 from harness.sandbox import zoo
 

@@ -314,6 +314,27 @@ CASES = {
         "teachers: Field required",
     ),
     "wrong_type": _cfg_case("run", _set("generate.n", "four"), "generate.n", "valid integer"),
+    "seed_past_numpy_range": _cfg_case(
+        "validate",
+        _set("train.seeds", [2**32]),
+        "train.seeds[0]",
+        "less than or equal to 4294967295",
+    ),
+    "negative_seed": _cfg_case("run", _set("analysis.seed", -1), "analysis.seed", "greater than"),
+    "nan_gap_bin": _raw_cfg_case(
+        "validate",
+        "name: t\ntrain: {max_steps: 10}\nteachers: [{name: a, path: 'sandbox:teacher-l'}]\n"
+        "students: [{name: b, path: 'sandbox:student-s'}]\ntasks: [sandbox_addition]\n"
+        "analysis: {gap_bins: [0, .nan, 100]}\ncosts: {device_hour: .inf}\n",
+        "analysis.gap_bins[1]: Input should be a finite number",
+        "costs.device_hour: Input should be a finite number",
+    ),
+    "teacher_compared_with_itself": _cfg_case(
+        "validate", _set("analysis.delta_large", ["big", "big"]), "compares a teacher with itself"
+    ),
+    "absurd_bootstrap": _cfg_case(
+        "validate", _set("analysis.bootstrap_samples", 10**12), "analysis.bootstrap_samples"
+    ),
     "wrong_type_nested": _cfg_case(
         "plan", _set("teachers[0].engine.max_model_len", "long"), "teachers[0].engine.max_model_len"
     ),
@@ -712,7 +733,7 @@ def test_line_separator_inside_a_json_string_is_not_a_line_break(ws: Workspace) 
     """U+2028 inside a JSON string (json.dumps(ensure_ascii=False) writes it raw) is one row."""
     tasks = ws.root / "tasks"
     tasks.mkdir()
-    spec = yaml.safe_load((REPO / "harness" / "tasks_data" / "gsm8k.yaml").read_text())
+    spec = yaml.safe_load((REPO / "tasks" / "gsm8k.yaml").read_text())
     spec.pop("sizes")
     (tasks / "gsm8k.yaml").write_text(yaml.safe_dump(spec))
     question = "Tom has 2 apples\u2028and buys 3. How many?"
@@ -743,7 +764,7 @@ def test_validate_checks_the_task_files(ws: Workspace, problem: str) -> None:
     """A task YAML that plan would refuse is refused by validate (with its path and lines)."""
     tasks = ws.root / "tasks"
     tasks.mkdir()
-    for p in (REPO / "harness" / "tasks_data").glob("*.yaml"):
+    for p in (REPO / "tasks").glob("*.yaml"):
         (tasks / p.name).write_bytes(p.read_bytes())
     path = tasks / "sandbox_addition.yaml"
     lines = path.read_text().splitlines(keepends=True)

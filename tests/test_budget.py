@@ -192,7 +192,8 @@ def test_unaligned_mix_takes_the_published_factor_fewer_updates():
 
 def test_seen_counts_what_the_worker_reads():
     """`seen` replays the worker's data order: the examples of the first N updates."""
-    from harness.stages.train import micro_batches, seen
+    from harness.stages.train import seen
+    from harness.stages.train_worker import micro_batches
 
     lengths = list(range(10, 47))
     cfg = _cfg(3, 2, max_steps=4)

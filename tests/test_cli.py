@@ -102,7 +102,7 @@ def test_usage_errors_print_the_usage_line_and_exit_2():
 
 def test_results_dir_is_relative_to_the_config_file(tmp_path):
     """The same command from another directory finds the same results (plan: all complete)."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     data = yaml.safe_load((REPO / "configs" / "sandbox.yaml").read_text())
     assert data["results_dir"] == "../results"

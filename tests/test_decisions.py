@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,19 +68,19 @@ def _gain_mde(line: str) -> float:
 
 def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     """The gain `cotgap plan` states is one the report's rule (replicates, replicate SD,
-    Bonferroni over the teachers) calls better 80% of the time: checked on fresh simulations. With
+    the group's max-t family) calls better 80% of the time: checked on fresh simulations. With
     one seed it says the design is exploratory; where the effect of interest is out of reach it
     says so and how many replicates would reach it, which fresh simulations confirm."""
     from harness.execution import plan
     from harness.store import Store
 
     small = plan.detectable_gains(_experiment(tmp_path, 200, 3.0, [0], 1), Store(tmp_path / "r1"))
-    assert "1 teacher(s), 1 replicate(s) each, replicate SD as measured" in small[0]
+    assert "1 teacher(s), 1 replicate(s) each, between-replicate SD as measured" in small[0]
     assert "else 3 pts assumed" in small[0]
     assert "1 replicate(s) per teacher < analysis.min_replicates 3: exploratory" in small[1]
     line = small[2]
     assert line.startswith("  gsm8k / s200: 200 test items, baseline 50.0% (not measured yet")
-    assert "replicate SD 3.0 pts (assumed)" in line
+    assert "between-replicate SD 3.0 pts (assumed)" in line
     mde = _gain_mde(line)
     power = teacher_level.gain_power(200, 0.5, mde, 3, 0.03, 1, sims=4000, seed=21)
     assert 0.75 <= power <= 0.85, (mde, power)
@@ -87,15 +88,16 @@ def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     assert teacher_level.gain_power(200, 0.5, 0.03, 20, 0.03, 1, sims=2000, seed=22) < 0.8
     assert "20 replicates do not reach it" in line
 
-    exp = _experiment(tmp_path, 1000, 5.0, [0, 1, 2], 2)
+    exp = _experiment(tmp_path, 1000, 8.0, [0, 1, 2], 2)
     big = plan.detectable_gains(exp, Store(tmp_path / "r2"))
-    assert "2 teacher(s), 3 replicate(s) each" in big[0] and "effect of interest 5 pts" in big[0]
+    assert "2 teacher(s), 3 replicate(s) each" in big[0] and "effect of interest 8 pts" in big[0]
+    assert "concordance 0.00" in big[1]  # nothing measured: the least favourable
     assert "exploratory" not in "\n".join(big)
     mde = _gain_mde(big[1])
     assert 0.75 <= teacher_level.gain_power(1000, 0.5, mde, 3, 0.03, 2, sims=4000, seed=23) <= 0.85
     more = int(re.search(r"\((\d+) replicates would reach it\)", big[1])[1])
     assert more > 3
-    assert teacher_level.gain_power(1000, 0.5, 0.05, more, 0.03, 2, sims=4000, seed=24) >= 0.77
+    assert teacher_level.gain_power(1000, 0.5, 0.08, more, 0.03, 2, sims=4000, seed=24) >= 0.77
 
     wide = plan.detectable_gains(_experiment(tmp_path, 1000, 15.0, [0, 1, 2], 2), Store(tmp_path))
     assert "out of reach" not in "\n".join(wide)
@@ -117,19 +119,20 @@ def test_answer_words_follow_the_evidence():
     assert sorted(c["best_set"]) == ["t-m", "t-s"]
     row = report.answer_row(_group(c))
     assert row[4:7] == ["inconclusive", "yes", c["headline"]["teacher"]]
-    assert row[9] == ", ".join(c["best_set"])
+    assert row[10] == ", ".join(c["best_set"])
 
     # one of them alone: it is the answer
     c = analyze.compare_teachers(a, base, {"t-l": weak, "t-m": strong})
     h = c["headline"]
     assert c["answer"] == h["teacher"] == "t-m" and h["verdict"] == "better"
-    # one family per group: 2 gains and 1 pair, Bonferroni 0.05 / 3
-    assert h["level"] == pytest.approx(1 - 0.05 / 3)
+    # one family per group: 2 gains and 1 pair, between Bonferroni's 0.05 / 3 and 0.05 / 2
+    assert 1 - 0.05 / 2 < h["level"] < 1 - 0.05 / 3
+    assert c["clears_effect"] == ("yes" if h["gain_low"] > 0.03 else "inconclusive")
     assert report.answer_row(_group(c))[4:] == [
         "t-m", "yes", "t-m", report.spts(h["gain"]), report.ci(h["gain_low"], h["gain_high"]),
-        "t-m", "3",
+        c["clears_effect"], "t-m", "3",
     ]  # fmt: skip
-    assert report._levels([_group(c)]) == "98.33%"
+    assert report._levels([_group(c)]) == f"{100 * h['level']:.4g}%"
 
     # a teacher whose students score exactly the baseline's items: none can beat it by 3 points
     same = [analyze.Replicate(None, s, base.copy()) for s in range(3)]
@@ -142,17 +145,17 @@ def test_answer_words_follow_the_evidence():
     c = analyze.compare_teachers(a, base, {"t-m": strong[:1], "t-l": weak[:1]})
     assert c["exploratory"] and c["answer"] == "inconclusive"
     row = report.answer_row(_group(c))
-    assert row[4:6] == ["inconclusive (exploratory)", "inconclusive"] and row[10] == "1"
+    assert row[4:6] == ["inconclusive (exploratory)", "inconclusive"] and row[11] == "1"
 
 
 def _group(decision: dict) -> dict:
     return {"task": "task", "student": "s", "regime": "per_teacher", "decision": decision}
 
 
-def test_grid_fdr_is_one_rule_read_by_every_group_and_the_report():
-    """analysis.multiplicity grid_fdr: every group's decision carries the same record (level,
-    comparisons, selected), every interval is at that level, and the report's Answers section
-    states the rule instead of the per-group Bonferroni one."""
+def test_multiplicity_is_one_family_per_group_and_grid_fdr_is_refused(tmp_path):
+    """Every group's decision carries the rule's record and a per-comparison level between
+    Bonferroni's and the unadjusted one (the max-t family counts the contrasts' correlation);
+    the report states the rule; `validate` refuses grid_fdr with what to do."""
     rng = np.random.default_rng(12)
     groups = {
         (f"task{k}", "s", "per_teacher"): (
@@ -161,23 +164,52 @@ def test_grid_fdr_is_one_rule_read_by_every_group_and_the_report():
         )
         for k in range(3)
     }
-    a = AnalysisConfig(multiplicity="grid_fdr")
+    a = AnalysisConfig()
     decided = analyze.compare_groups(a, groups)
-    records = {json.dumps(d["multiplicity"], sort_keys=True) for d in decided.values()}
-    assert len(records) == 1
-    rec = next(iter(decided.values()))["multiplicity"]
-    assert rec["rule"] == "grid_fdr" and rec["comparisons"] == 9 and rec["selected"] >= 3
-    assert rec["level"] == pytest.approx(1 - rec["selected"] * 0.05 / 9)
     for d in decided.values():
-        levels = [t["level"] for t in d["teachers"]] + [q["level"] for q in d["pairs"]]
-        assert levels == [pytest.approx(rec["level"])] * 3
+        assert d["multiplicity"] == {"rule": "group", "alpha": pytest.approx(0.05)}
+        levels = {t["level"] for t in d["teachers"]} | {q["level"] for q in d["pairs"]}
+        assert len(levels) == 1 and 1 - 0.05 / 2 < levels.pop() < 1 - 0.05 / 3
         assert d["answer"] == "strong"
     view = [{"decision": d} for d in decided.values()]
-    text = report._multiplicity(a.model_dump(), view)
-    assert "Benjamini-Hochberg at 5% over all 9 comparisons of the grid selected" in text
-    plain = analyze.compare_groups(AnalysisConfig(), groups)
-    assert "Bonferroni-adjusted over the group's comparisons" in report._multiplicity(
-        AnalysisConfig().model_dump(), [{"decision": d} for d in plain.values()]
-    )
+    assert "one max-t family; family-wise 5%" in report._multiplicity(a.model_dump(), view)
+    with pytest.raises(ValueError, match="grid_fdr is not offered.*set it to group"):
+        AnalysisConfig(multiplicity="grid_fdr")
     with pytest.raises(ValueError, match="multiplicity"):
         AnalysisConfig(multiplicity="holm")
+
+
+def test_validate_warns_where_replicates_hold_one_trace_draw_and_refuses_grid_fdr(tmp_path):
+    """Training seeds on one trace draw: `validate` passes (exit 0) with a warning that names
+    the fix; with generate.seeds paired to them, no warning; grid_fdr is a user error (exit 2)
+    that says what to set."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((repo / "configs" / "sandbox.yaml").read_text())
+    data["generate"].pop("seeds", None)
+    data["generate"]["seed"] = 0
+    data["train"]["seeds"] = [0, 1, 2]
+    data["train"].pop("replicates", None)
+
+    def validate(d: dict) -> subprocess.CompletedProcess:
+        path = tmp_path / "exp.yaml"
+        path.write_text(yaml.safe_dump(d))
+        cmd = [sys.executable, "-m", "harness", "validate", str(path)]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=repo)
+
+    out = validate(data)
+    assert out.returncode == 0, out.stderr
+    assert "warning: the replicates are 3 training seeds on one trace draw" in out.stdout
+    assert "set generate.seeds to 3 seeds and train.replicates: paired" in out.stdout
+    data["generate"]["seeds"] = [0, 1, 2]
+    data["train"]["replicates"] = "paired"
+    out = validate(data)
+    assert out.returncode == 0 and "warning" not in out.stdout, out.stdout + out.stderr
+    data["analysis"] = {**data.get("analysis", {}), "multiplicity": "grid_fdr"}
+    out = validate(data)
+    assert out.returncode == 2 and "grid_fdr is not offered" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -159,7 +159,7 @@ def test_on_policy_refuses_the_mix_regime(tmp_path: Path) -> None:
 
 def test_validate_refuses_teachers_of_another_tokenizer(tmp_path: Path) -> None:
     """A teacher whose tokenizer gives one character another id: kd and on_policy cannot compare
-    its distributions with the student's; `grid.check` (cotgap validate) says so, sft does not."""
+    its distributions with the student's; `grid.expand_problems` (cotgap validate) says so, sft does not."""
     import json
 
     other = tmp_path / "other-teacher"
@@ -360,3 +360,28 @@ def test_methods_multiply_every_other_axis(tmp_path: Path) -> None:
     assert count(three, "screen") == count(one, "screen")
     assert len(three.distilled) == 3 * len(one.distilled)
     assert set(three.gates) == {d.adapter.key for d in three.distilled.values()}
+
+
+def test_kd_with_its_top_k_file_gone_says_to_delete_the_traces_cell(tmp_path: Path) -> None:
+    """A complete traces cell that lost topk.npz (deleted or moved by hand) cannot be resumed
+    into shape: a re-run keeps complete cells. The kd job says to delete that cell before any
+    worker starts; so does every stage that reads a complete cell's output (`Store.output`)."""
+    from harness.errors import UserError
+
+    exp = experiment(tmp_path, ["kd"])
+    g, store = grids.expand(exp), Store(exp.root)
+    (traces,) = g.select(kind="traces")
+    (dataset,) = g.select(kind="dataset")
+    (adapter,) = g.select(kind="adapter")
+    for cell, name in ((traces, "traces.jsonl"), (dataset, "examples.jsonl")):
+        with store.open_cell(cell.kind, cell.key, cell.config, cell.upstream) as out:
+            out.jsonl(name).write({"id": "x", "n_tokens": 3})
+            out.finish({"n_examples": 1})
+    with pytest.raises(UserError) as e:
+        train._method_job(exp, store, adapter)
+    where = store.cell_dir("traces", traces.key)
+    assert f"{where / distill_methods.TOPK} is missing" in str(e.value)
+    assert f"delete {where} and re-run" in str(e.value)
+    (store.cell_dir("dataset", dataset.key) / "examples.jsonl").unlink()
+    with pytest.raises(UserError, match=f"delete {store.cell_dir('dataset', dataset.key)}"):
+        train._job(exp, store, adapter)

@@ -248,3 +248,14 @@ def test_help_is_plain_text() -> None:
     assert "<bool>" not in page
     assert "with vLLM." not in page  # generate runs on whichever engine is configured
     assert "each training\nset" not in page
+
+
+def test_changelog_names_every_extractors_current_version() -> None:
+    """An extractor version changes what results mean: a bump must come with its changelog line."""
+    from harness.tasks.answers import EXTRACTORS
+
+    latest = (ROOT / "CHANGELOG.md").read_text().split("\n## ", 2)[1]
+    missing = [
+        f"{n} {e.version}" for n, e in EXTRACTORS.items() if f"`{n}` {e.version}" not in latest
+    ]
+    assert missing == [], f"CHANGELOG.md's latest release does not name: {missing}"

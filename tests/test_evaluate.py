@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 from harness import metric
 from harness.cli import app
-from harness.config.schema import Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import Experiment
 from harness.engines import Request, Sample, Sampling
 from harness.errors import UserError
 from harness.stages import evaluate

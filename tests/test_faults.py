@@ -26,13 +26,13 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.execution import schedule
-from harness.execution.schedule import STAGE_TABLE
 from harness.sandbox import zoo
 from harness.sandbox.random_model import random_llama
 from harness.store import Store, read_jsonl
 from harness.workflow import grid as grids
+from harness.workflow.cells import KINDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
 REPO = Path(__file__).resolve().parents[1]
@@ -387,7 +387,7 @@ def test_sigkill_at_seeded_points_then_resume_equals_uninterrupted(tmp_path):
     # nothing left to compute: a schedule of the whole grid hands no group to its stage table
     # (a fake table that records), only the skipped adapters of empty training sets
     g, left = grids.expand(exp), []
-    record = {kind: lambda e, s, cells: left.extend(c.label for c in cells) for kind in STAGE_TABLE}
+    record = {kind: lambda e, s, cells: left.extend(c.label for c in cells) for kind in KINDS}
     schedule.run_local(exp, store, schedule.Schedule(g, g, store), record)
     assert left == []
     assert uninterrupted.wait(timeout=1200) == 0

@@ -20,7 +20,8 @@ import yaml
 from helpers import sandbox_grid
 
 from harness.analysis.analyze import regime_comparison
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.workflow import checks
 
 REPO = Path(__file__).resolve().parents[1]

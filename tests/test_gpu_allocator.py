@@ -17,10 +17,12 @@ import pytest
 from helpers import sandbox_grid
 
 from harness import devices
-from harness.config.schema import Experiment, parse
+from harness.config.loading import parse
+from harness.config.schema import Experiment
 from harness.execution import schedule
 from harness.store import Store
 from harness.workflow import grid
+from harness.workflow.cells import KINDS
 
 TEACHERS = {  # zoo model, GPUs it asks for
     "a": ("test-teacher-s", 1),
@@ -32,7 +34,7 @@ TEACHERS = {  # zoo model, GPUs it asks for
 
 class Recorder(dict):
     def __init__(self) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
         self.runs: list[dict] = []
         self.lock = threading.Lock()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.store import Store
 from harness.workflow import grid, index
 

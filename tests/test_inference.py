@@ -17,22 +17,56 @@ from harness.stats import teacher_level as inf
 EQUAL = [0.3, 0.3, 0.3, 0.3]
 
 
-@pytest.mark.parametrize("rep_sd", [0.0, 0.018, 0.035])
-def test_four_equal_teachers_give_few_false_verdicts(rep_sd):
-    """Four teachers equal to each other and to the baseline, 3 replicates each, 200 items: any
-    'better'/'worse' (against the baseline or another teacher) is a family-wise error (<= 5%),
-    and 'distill from X' must stay <= 2.5%."""
-    rng = np.random.default_rng(11)
-    runs, errors, distill = 250, 0, 0
-    base, arms = inf.simulate(rng, runs, 200, 0.3, EQUAL, 3, rep_sd)
-    for s in range(runs):
-        d = inf.decide_group(base[s], {f"t{k}": list(arms[k][s]) for k in range(4)})
-        wrong = [t for t in d.teachers if t["verdict"] in ("better", "worse")]
-        wrong += [q for q in d.pairs if q["verdict"] in ("better", "worse")]
-        errors += bool(wrong)
-        distill += d.answer not in ("none", "inconclusive")
-    assert errors / runs <= 0.05
-    assert distill / runs <= 0.025
+NULLS = {  # four teachers equal to each other (and to the 30% baseline unless said)
+    "no replicate spread": dict(rep_sd=0.0),
+    "seed SD 3.5 points": dict(rep_sd=0.035),
+    "one erratic teacher (3x the seed SD)": dict(rep_sd=[0.105, 0.035, 0.035, 0.035]),
+    "t(3) replicate effects": dict(rep_sd=0.035, rep_df=3),
+    "all 10 points above the baseline, one erratic": dict(
+        rep_sd=[0.035, 0.035, 0.035, 0.105], accs=[0.4] * 4
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NULLS))
+def test_equal_teachers_hold_the_family_wise_error_and_the_false_teacher_rate(case):
+    """Four equal teachers, 3 replicates each, 200 items: any better/worse among teachers
+    equal to each other (and, where they share the baseline's accuracy, to it) is a family-wise
+    error (<= 5%), and naming a teacher is a false teacher (<= 2.5%). 200 runs, fixed seeds;
+    the rates over 2,000 runs are in benchmarks/README.md."""
+    kw = dict(NULLS[case])
+    accs = kw.pop("accs", EQUAL)
+    base, arms = inf.simulate(np.random.default_rng(11), 200, 200, 0.3, accs, 3, **kw)
+    errors, false, _, _ = inf.answer_rates(base, arms)
+    if accs == EQUAL:
+        assert errors <= 0.05
+    assert false <= 0.025
+
+
+def test_a_ten_point_lead_is_named_without_false_teachers():
+    """One teacher truly 10 points ahead of the other and of the baseline (200 items, 3
+    replicates, a 3.5-point SD of replicate accuracy, item concordance 0.5): the answer names it
+    in a third of the groups (a measured 33% at 2 teachers; 14% at 4, benchmarks/README.md), and
+    never another teacher."""
+    base, arms = inf.simulate(np.random.default_rng(4), 300, 200, 0.3, [0.4, 0.3], 3, 0.035)
+    _, false, named, _ = inf.answer_rates(base, arms, leader="t0")
+    assert named >= 0.25
+    assert false <= 0.025
+
+
+def test_none_holds_its_level_at_the_effect_of_interest():
+    """ "none" is an intersection-union test at alpha: with one teacher's gain exactly at the
+    effect of interest (3 points) it is said in at most 5% of groups (Monte Carlo SD 1.3 points
+    at 300 runs, allowed twice), and where every gain is 0 and the design is large enough it is
+    said in most groups."""
+    base, arms = inf.simulate(
+        np.random.default_rng(6), 300, 400, 0.5, [0.53, 0.4, 0.4], 3, 0.01, concordance=0.9
+    )
+    assert inf.answer_rates(base, arms)[3] <= 0.05 + 2 * 0.013
+    base, arms = inf.simulate(
+        np.random.default_rng(7), 100, 2000, 0.5, [0.5, 0.5], 5, 0.0, concordance=0.95
+    )
+    assert inf.answer_rates(base, arms)[3] >= 0.9
 
 
 def test_one_replicate_is_exploratory_and_never_better():
@@ -53,12 +87,13 @@ def test_gain_difference_and_accuracy_intervals_cover(n, acc):
     """Coverage of the unadjusted 95% intervals for a teacher's gain over the fixed baseline, the
     difference between two teachers and a teacher's accuracy, in groups of four teachers with 3
     replicates at a 2-point SD. Target 93-97%, with the Monte Carlo error of 600 runs (about
-    +-0.9 points) allowed twice; at 50 items and 2% or 98% the binomial is discrete (about one
-    wrong or right answer per test), so only the lower bound holds there."""
+    +-0.9 points) allowed twice; at 50 items the intervals err on the safe side (a replicate
+    spread on 2 degrees of freedom weighs more against so few items; at 2% or 98% the binomial
+    is discrete, about one wrong or right answer per test), so only the lower bound holds
+    there."""
     covered = inf.coverage(n, acc, runs=600, seed=int(acc * 100) + n)
-    extreme = n == 50 and acc in (0.02, 0.98)
     for rate in covered:
-        assert 0.912 <= rate <= (1.0 if extreme else 0.988)
+        assert 0.912 <= rate <= (1.0 if n == 50 else 0.988)
 
 
 def test_difference_between_teachers_covers():
@@ -104,62 +139,3 @@ def test_replicate_units_average_training_seeds_within_a_trace_draw():
     assert units.tolist() == [[1.0, 0.5, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]]
     # one trace draw: its training seeds are the units
     assert inf.replicate_units([draw_a]).shape == (2, 4)
-
-
-def _fdr_grid(rng, groups=20, n=200, effect=0.12):
-    """Half the groups have one teacher `effect` above a 30% baseline; everything else is null.
-    Returns the groups for `decide_groups` and the truth of every comparison (True: a real
-    difference) keyed like the verdicts."""
-    grid, truth = {}, {}
-    for g in range(groups):
-        gain = effect if g % 2 == 0 else 0.0
-        base, arms = inf.simulate(rng, 1, n, 0.3, [0.3 + gain, 0.3, 0.3], 3, 0.02)
-        grid[g] = (base[0], {f"t{k}": list(arms[k][0]) for k in range(3)})
-        truth.update({(g, "t0"): gain > 0, (g, "t1"): False, (g, "t2"): False})
-        truth.update({(g, "t0", "t1"): gain > 0, (g, "t0", "t2"): gain > 0})
-        truth[g, "t1", "t2"] = False
-    return grid, truth
-
-
-def _calls(decided):
-    out = {}
-    for g, d in decided.items():
-        out.update({(g, t["teacher"]): t["verdict"] for t in d.teachers})
-        out.update({(g, q["a"], q["b"]): q["verdict"] for q in d.pairs})
-    return out
-
-
-def test_grid_fdr_controls_false_discoveries_and_finds_more():
-    """analysis.multiplicity grid_fdr: over 20 simulated grids of 16 groups (half with a real
-    12-point teacher), the share of false better/worse among all better/worse stays at or below
-    5% (Monte Carlo error allowed), and it finds at least as many real differences as
-    Bonferroni within each group."""
-    rng = np.random.default_rng(17)
-    fdp, found = [], {"group": 0, "grid_fdr": 0}
-    for _ in range(20):
-        grid, truth = _fdr_grid(rng, groups=16)
-        for rule in found:
-            decided, record = inf.decide_groups(grid, multiplicity=rule)
-            calls = {k: v for k, v in _calls(decided).items() if v in ("better", "worse")}
-            found[rule] += sum(truth[k] for k in calls)
-            if rule == "grid_fdr":
-                assert record["comparisons"] == 96 and 0 < record["level"] < 1
-                fdp.append(sum(not truth[k] for k in calls) / max(len(calls), 1))
-    assert np.mean(fdp) <= 0.05 + 0.02
-    assert found["grid_fdr"] >= found["group"] > 0
-
-
-def test_grid_fdr_verdicts_are_the_benjamini_hochberg_selection():
-    """Every better/worse under grid_fdr is a comparison Benjamini-Hochberg selects (statsmodels,
-    recomputed here from the p-values), and no other comparison is better/worse."""
-    from statsmodels.stats.multitest import multipletests
-
-    grid, _ = _fdr_grid(np.random.default_rng(5))
-    decided, record = inf.decide_groups(grid, multiplicity="grid_fdr")
-    rows = [(t["gain_p"], t["verdict"]) for d in decided.values() for t in d.teachers]
-    rows += [(q["p"], q["verdict"]) for d in decided.values() for q in d.pairs]
-    selected = multipletests([p for p, _ in rows], alpha=0.05, method="fdr_bh")[0]
-    assert record["selected"] == int(selected.sum()) > 0
-    assert [v in ("better", "worse") for _, v in rows] == list(selected)
-    with pytest.raises(ValueError, match="multiplicity"):
-        inf.decide_groups(grid, multiplicity="holm")

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
-from served import FakeUpstream, FaultProxy
+from served import FakeUpstream, FaultProxy, Misbehaving
 
-from harness.config.schema import ModelSpec, parse
+from harness.config.loading import parse
+from harness.config.schema import ModelSpec
 from harness.engines import Request, Sampling, load
 from harness.engines.openai_engine import RequestsFailed, backoff, retry_after
 from harness.errors import UserError
@@ -288,7 +290,83 @@ def test_kd_and_on_policy_refuse_a_served_teacher() -> None:
     for method in ("kd", "on_policy"):
         data = _exp(**served)
         data["train"]["methods"] = ["sft", method]
-        problems = grid.check(parse(Experiment, data, "exp.yaml"))
+        problems = grid.expand_problems(parse(Experiment, data, "exp.yaml"))
         assert len(problems) == 1 and "a served teacher (t; engine.kind: openai)" in problems[0]
         assert "keep only sft in train.methods" in problems[0]
-    assert not grid.check(parse(Experiment, _exp(**served), "exp.yaml"))
+    assert not grid.expand_problems(parse(Experiment, _exp(**served), "exp.yaml"))
+
+
+def test_the_eval_stage_counts_only_what_an_earlier_run_journaled(tmp_path: Path) -> None:
+    """A served teacher's eval cell: nothing resumed on a fresh run, however often the stage
+    points the engine at the cell's journal (window after window, then to finish the cell); a
+    re-run after the cell's predictions were lost asks for nothing and resumes every request."""
+    from harness.config.schema import Experiment
+    from harness.stages import evaluate
+    from harness.store import Store
+    from harness.workflow import grid as grids
+
+    with FakeUpstream() as up:
+        data = _exp(engine={"kind": "openai", "base_url": up.url, "model": "m"})
+        data["tasks"] = [{"name": "sandbox_addition", "test_limit": 8}]
+        data["results_dir"] = str(tmp_path / "results")
+        exp = parse(Experiment, data, "exp.yaml")
+        store, cell = Store(exp.root), grids.expand(exp).teachers["sandbox_addition", "t"]
+        # windows of 3 items: the journal is pointed at three times before the cell finishes
+        evaluate.run(exp, store, [cell], progress=False, inprocess=True, chunk_seqs=3)
+        usage = json.loads((store.cell_dir("eval", cell.key) / "metrics.json").read_text())["usage"]
+        assert usage["requests"] == 8 and usage["resumed_requests"] == 0
+        asked = len(up.requests)
+        journal = store.cell_dir("eval", cell.key) / evaluate.JOURNAL
+        kept = journal.read_bytes()
+        shutil.rmtree(store.cell_dir("eval", cell.key))
+        journal.parent.mkdir(parents=True)
+        journal.write_bytes(kept)
+        evaluate.run(exp, store, [cell], progress=False, inprocess=True, chunk_seqs=3)
+        again = json.loads((store.cell_dir("eval", cell.key) / "metrics.json").read_text())
+        assert len(up.requests) == asked
+        assert again["usage"]["resumed_requests"] == 8 and again["usage"]["requests"] == 8
+
+
+@pytest.mark.parametrize(
+    ("route", "status", "hint"),
+    [
+        ("refused", None, "is the server running"),
+        ("model", 404, "engine.model"),
+        ("key", 401, "api_key_env"),
+        ("garbled", 200, "not an OpenAI-compatible"),
+        ("busy", 429, "requests_per_minute"),
+    ],
+)
+def test_a_failed_served_request_is_one_paragraph_and_exit_2(
+    tmp_path: Path, route: str, status: int | None, hint: str
+) -> None:
+    """Every way a served teacher's requests can end failed (nothing listening, a wrong model
+    name, a refused key, a body that is not the API's, 429 until the attempts run out) is a user
+    error: exit code 2 and one paragraph that names the model and says what to check."""
+    from harness.errors import UserError as Error
+
+    with Misbehaving(route) as server:
+        url = "http://127.0.0.1:9/v1" if route == "refused" else server.url
+        engine = load("vllm", _spec(url, max_attempts=2, timeout_s=5))
+        with pytest.raises(RequestsFailed) as e:
+            engine.generate(_requests(2), SAMPLED)
+    assert isinstance(e.value, Error) and e.value.exit_code == 2
+    message = str(e.value)
+    assert "\n" not in message and "'m'" in message and hint in message
+    if status is not None:
+        assert server.statuses and set(server.statuses) == {status}
+
+
+def test_a_long_retry_after_is_said_once_with_the_wait(monkeypatch, capsys) -> None:
+    """Honouring a server's Retry-After holds every request back: the run says so (once per
+    longer hold, not once per request), with the wait and the attempts left."""
+    from harness.engines import openai_engine
+
+    monkeypatch.setattr(openai_engine, "RETRY_NOTE_S", 1.0)
+    with FakeUpstream() as up, FaultProxy(up.url, rate=1.0, faults=("429",)) as proxy:
+        proxy.retry_after_s = 1.5
+        engine = load("vllm", _spec(proxy.url, max_attempts=2))
+        with pytest.raises(RequestsFailed):
+            engine.generate(_requests(3), SAMPLED)
+    said = [x for x in capsys.readouterr().err.splitlines() if "as the server asks" in x]
+    assert 1 <= len(said) < 3 and "waits 2 s" in said[0] and "max_attempts 2" in said[0]

@@ -15,21 +15,23 @@ import pytest
 import yaml
 from helpers import sandbox_grid
 
-from harness.config.schema import Experiment, parse, task_names
+from harness.config.loading import parse
+from harness.config.schema import Experiment
+from harness.config.task_paths import task_names
 from harness.tasks import suite as tasks
 from harness.workflow import grid
 
 REPO = Path(__file__).resolve().parents[1]
-BBH_PROMPTS = REPO / "harness" / "tasks_data" / "bbh" / "cot-prompts"
+BBH_PROMPTS = REPO / "tasks" / "bbh" / "cot-prompts"
 
 # Run in a child whose path holds the installed wheel first, then the venv's site-packages (the
 # dependencies); the repository is not on it.
 CHILD = """
 import json, sys
 import harness
-from harness.config import schema as config
+from harness.config import task_paths
 from harness.tasks import suite as tasks
-names = config.task_names()
+names = task_paths.task_names()
 pre, shots = tasks.fewshot_exemplars("bbh_boolean_expressions", None)
 item = tasks.Item("x", 0, "not ( True ) and ( True ) is", "False")
 prompt = tasks.render_prompt("bbh_word_sorting", item, "few_shot_cot")
@@ -43,10 +45,11 @@ print(json.dumps({"file": harness.__file__, "names": names, "shots": len(shots),
 def installed(tmp_path_factory) -> Path:
     """The wheel of a copy of the repository's package files, installed into a clean target."""
     src, wheels, target = (tmp_path_factory.mktemp(n) for n in ("src", "wheels", "target"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
         shutil.copy(REPO / name, src / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(REPO / "harness", src / "harness", ignore=ignore)
+    shutil.copytree(REPO / "tasks", src / "tasks", ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
@@ -88,7 +91,7 @@ def test_the_wheel_lists_a_task_from_an_outside_folder_beside_the_built_in_ones(
 
     outside = tmp_path / "my-tasks"
     outside.mkdir()
-    spec = yaml.safe_load((REPO / "harness" / "tasks_data" / "sandbox_addition.yaml").read_text())
+    spec = yaml.safe_load((REPO / "tasks" / "sandbox_addition.yaml").read_text())
     (outside / "my_addition.yaml").write_text(yaml.safe_dump({**spec, "name": "my_addition"}))
     env = {k: v for k, v in os.environ.items() if not k.startswith("COTGAP_TASK")}
     env["PYTHONPATH"] = os.pathsep.join([str(installed), *site.getsitepackages()])
@@ -140,18 +143,18 @@ def _experiment(data_dir: Path | None, select_style: str) -> Experiment:
 def test_validate_refuses_few_shot_prompts_that_cannot_be_found(tmp_path, monkeypatch):
     """A tasks dir without the packaged prompts (a broken install, a custom COTGAP_TASKS_DIR) and
     no data dir holding them: validate names the task and the file; a sandbox task has none."""
-    assert grid.check(_experiment(None, "zero_shot_cot")) == []
+    assert grid.expand_problems(_experiment(None, "zero_shot_cot")) == []
     copy = tmp_path / "tasks"
     shutil.copytree(tasks.tasks_dir(), copy, ignore=shutil.ignore_patterns("cot-prompts"))
     monkeypatch.setenv("COTGAP_TASKS_DIR", str(copy))
-    problems = grid.check(_experiment(None, "few_shot_cot"))
+    problems = grid.expand_problems(_experiment(None, "few_shot_cot"))
     assert len(problems) == 2, problems  # each named once: no exemplars, or their file missing
     assert "task sandbox_addition (tasks[1]) has no few-shot exemplars" in problems[0]
     assert "task bbh_navigate" in problems[1] and "bbh/cot-prompts/navigate.txt" in problems[1]
     # a data dir holding the prompts: only the sandbox task is left
     (tmp_path / "data" / "bbh" / "cot-prompts").mkdir(parents=True)
     shutil.copy(BBH_PROMPTS / "navigate.txt", tmp_path / "data" / "bbh" / "cot-prompts")
-    problems = grid.check(_experiment(tmp_path / "data", "few_shot_cot"))
+    problems = grid.expand_problems(_experiment(tmp_path / "data", "few_shot_cot"))
     assert [p for p in problems if "bbh_navigate" in p] == []
 
 
@@ -174,7 +177,7 @@ def test_validate_cli_exits_2_on_missing_few_shot_prompts(tmp_path):
 def test_the_paper_study_validates_with_no_data_dir(monkeypatch):
     """Its phase 0 prompts every task few-shot (BBH's cot-prompts, MATH's file), from the hub:
     every prompt is found in the package."""
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
 
     monkeypatch.delenv("COTGAP_DATA_DIR", raising=False)
     monkeypatch.delenv("COTGAP_TASKS_DIR", raising=False)
@@ -193,7 +196,7 @@ def test_phase_0_prompts_bbh_few_shot_from_the_packaged_prompts(shared_data, tmp
     shutil.copy(shared_data / "bbh" / "navigate.json", tmp_path / "bbh")
     config = _config(tmp_path, "few_shot_cot", ["bbh_navigate"])
     exp = parse(Experiment, config, "study.yaml")
-    assert grid.check(exp) == []
+    assert grid.expand_problems(exp) == []
     select = [c for c in grid.expand(exp).unique() if getattr(c, "role", None) == "select"]
     assert select and {c.task for c in select} == {"bbh_navigate"}
     ev = select[0].eval_config(exp)

@@ -139,7 +139,7 @@ def test_trace_draws_paired_with_training_seeds_run_end_to_end(tmp_path):
     sampled differently, each draw's sets built from its own traces, one adapter per draw, and
     a leaderboard that names every row's draw."""
     from harness.analysis import analyze
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.store import read_jsonl
     from harness.workflow import grid as grids
 

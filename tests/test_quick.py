@@ -58,14 +58,14 @@ def test_task_new_writes_a_task_that_loads_and_scores(tmp_path, monkeypatch):
     without = cotgap("ls", "tasks", cwd=tmp_path)
     assert "my_sums" not in without.stdout  # only where its folder is included
 
-    from harness.config import schema as config
+    from harness.config import task_paths
     from harness.tasks import scoring
     from harness.tasks import suite as tasks
 
     monkeypatch.setenv("COTGAP_TASK_PATH", str(tasks_dir))
     items = tasks.load_items("my_sums", "test", data_dir)
     assert [i.question for i in items][:2] == ["What is 0 + 1?", "What is 1 + 2?"]
-    assert config.task_file("my_sums") == tasks_dir / "my_sums.yaml"
+    assert task_paths.task_file("my_sums") == tasks_dir / "my_sums.yaml"
     preds = tmp_path / "preds.jsonl"
     right, wrong = items[2], items[3]
     preds.write_text(
@@ -77,6 +77,38 @@ def test_task_new_writes_a_task_that_loads_and_scores(tmp_path, monkeypatch):
     scored = {r["id"]: r["correct"] for r in map(json.loads, out.read_text().splitlines())}
     assert scored[right.id] is True and scored[wrong.id] is False
     assert summary["n"] == len(items)
+
+
+def test_task_new_keeps_the_fields_the_data_has(tmp_path, monkeypatch):
+    """Rows with their own ids (and worked solutions): the task reads them, so predictions keyed
+    by the user's ids score; a field the data has is never left out of the task."""
+    from harness.tasks import scoring
+    from harness.tasks import suite as tasks
+
+    data = tmp_path / "mine" / "sums"
+    data.mkdir(parents=True)
+    rows = [
+        {"id": f"sum-{a:03d}", "question": f"What is {a} + 1?", "answer": str(a + 1),
+         "rationale": f"{a} + 1 = {a + 1}."}
+        for a in range(10)
+    ]  # fmt: skip
+    (data / "pool.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text, notes = tasks.new_task_text("own_ids", data)
+    spec = yaml.safe_load(text)
+    assert spec["fields"]["id"] == "id" and spec["fields"]["rationale"] == "rationale"
+    assert notes == []
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "own_ids.yaml").write_text(text)
+    monkeypatch.setenv("COTGAP_TASK_PATH", str(tmp_path / "tasks"))
+    items = tasks.load_items("own_ids", "test", tmp_path / "mine")
+    assert items and all(i.id in {r["id"] for r in rows} for i in items)
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(
+        "".join(json.dumps({"id": i.id, "completion": f"The answer is {i.gold}."}) + "\n"
+                for i in items)
+    )  # fmt: skip
+    summary = scoring.score_file("own_ids", preds, data_dir=tmp_path / "mine")
+    assert summary["n"] == len(items) and summary["accuracy"] == 1.0
 
 
 def test_task_new_choice_and_pool_validate(tmp_path):
@@ -242,7 +274,7 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     }
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.execution import plan
     from harness.store import Store
     from harness.workflow import grid
@@ -321,7 +353,7 @@ def _grid_config(tmp_path: Path, student: str) -> Path:
 def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
     import csv
 
-    from harness.config.schema import load_experiment
+    from harness.config.loading import load_experiment
     from harness.store import Store
     from harness.workflow import grid, index
 
@@ -349,3 +381,77 @@ def test_index_names_every_cell_and_keeps_other_experiments_rows(tmp_path):
     assert started.key in second  # its folder exists: kept
     dropped = [c.key for c in cells if c.key != started.key and c.key not in second]
     assert dropped  # the first grid's cells without a folder are not listed by the second
+
+
+BAD_OPTIONS = {  # a quick command's option at a value the config refuses -> the option's flag
+    "max_tokens": ({"settings": {"max_tokens": 0}}, "--max-tokens"),
+    "samples": ({"settings": {"samples": 0}}, "--samples"),
+    "temperature": ({"settings": {"temperature": -1.0}}, "--temperature"),
+    "max_steps": ({"settings": {"max_steps": 0}}, "--max-steps"),
+    "lr": ({"settings": {"lr": 0.0}}, "--lr"),
+    "batch_size": ({"settings": {"batch_size": 0}}, "--batch-size"),
+    "effect": ({"settings": {"effect": 0.0}}, "--effect"),
+    "limit": ({"limit": 0}, "--limit"),
+    "train_limit": ({"train_limit": 0}, "--train-limit"),
+    "seeds": ({"seeds": (2**32,)}, "--seeds"),
+    "dtype": ({"settings": {"dtype": 3}}, "--dtype"),
+}
+
+
+@pytest.mark.parametrize("option", list(BAD_OPTIONS))
+def test_a_bad_option_is_named_by_its_flag(tmp_path, option):
+    """The quick commands build a config from their options; its errors name the option the
+    user typed (`--max-steps`), never the config key (`train.max_steps`) they never wrote."""
+    from dataclasses import fields
+
+    from harness import quick
+    from harness.errors import UserError
+
+    assert {f.name for f in fields(quick.Settings)} | {"limit", "train_limit", "seeds"} == set(
+        BAD_OPTIONS
+    )  # every option a quick command copies into its config has a case
+    given, flag = BAD_OPTIONS[option]
+    settings = quick.Settings(**given.get("settings", {}))
+    with pytest.raises(UserError) as e:
+        quick.experiment(
+            ["sandbox:teacher-s"], ["sandbox:student-xs"], ["sandbox_addition"],
+            given.get("limit"), tmp_path / "q", settings, given.get("train_limit"),
+            given.get("seeds", (0,)),
+        )  # fmt: skip
+    message = str(e.value)
+    assert f"the command line: {flag}: " in message, message
+    assert not re.search(r"\b(train|generate|evaluate|analysis|tasks)(\[\d+\])?\.", message)
+
+
+def test_a_zero_option_exits_2_naming_the_flag(tmp_path):
+    out = cotgap("distill", "--teacher", "sandbox:teacher-s", "--student", "sandbox:student-xs",
+                 "--task", "sandbox_addition", "--max-steps", "0", cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--max-steps: Input should be greater than 0" in out.stderr
+
+
+def test_a_task_named_like_a_built_in_is_said_to_replace_it(tmp_path):
+    """A user's task folder may replace a built-in task (it is searched first); the commands
+    that read the task say so, naming both files."""
+    mine = tmp_path / "tasks"
+    mine.mkdir()
+    builtin = REPO / "tasks" / "sandbox_addition.yaml"
+    (mine / "sandbox_addition.yaml").write_text(builtin.read_text())
+    cfg = {
+        "name": "own",
+        "task_paths": ["tasks"],
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": ["sandbox_addition"],
+        "train": {"max_steps": 1},
+    }
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(cfg))
+    out = cotgap("validate", "exp.yaml", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    note = " ".join(out.stderr.split())
+    assert f"task sandbox_addition is read from {mine / 'sandbox_addition.yaml'}" in note
+    assert "replaces the built-in task" in note and str(builtin) in note
+    cfg["task_paths"] = []
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(cfg))
+    other = cotgap("validate", "exp.yaml", cwd=tmp_path)
+    assert other.returncode == 0 and "replaces the built-in" not in other.stderr

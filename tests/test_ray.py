@@ -15,7 +15,7 @@ import yaml
 from helpers import TEST_TEACHERS, sandbox_grid
 
 from harness.analysis import analyze
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.execution import plan
 from harness.execution.schedule import RunOptions
 from harness.sandbox import zoo

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from harness import progress
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.execution import schedule
 from harness.store import Store
 from harness.workflow import grid
-from harness.workflow.cells import Cell
+from harness.workflow.cells import KINDS, Cell
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 
@@ -28,7 +29,7 @@ class FakeStages(dict):
     dataset of `empty_teacher` (if any) is built with no examples."""
 
     def __init__(self, empty_teacher: str | None = None) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
         self.calls: list[tuple[str, list[str]]] = []
         self.empty = empty_teacher
 
@@ -101,7 +102,7 @@ def test_only_keeps_stages_and_skips_cells_whose_inputs_are_missing(setup):
     assert counts == {"traces": 0, "eval": 0, "dataset": 6, "adapter": 6}
 
 
-def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup):
+def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup, capsys):
     exp, g, store = setup
     stages, counts = run(exp, g, store, table=FakeStages(empty_teacher="t-large"))
     skips = [e for e in schedule.read_events(store) if e["event"] == "skip"]
@@ -112,6 +113,14 @@ def test_an_empty_training_set_skips_its_adapter_and_eval_with_the_reason(setup)
     }
     assert sum(e["kind"] == "eval" for e in skips) == 3  # their evals: input skipped
     assert counts["adapter"] == 3 and counts["eval"] == 2 + 1 + 3
+    # what `plan` and the analysis take as never to run is what the scheduler skipped
+    assert schedule.left_empty(store, g.unique()) == {e["cell"] for e in skips}
+    from harness.execution import plan
+
+    plan.show(exp, store)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"to run: 0 of {len(g.unique())} cells" in said
+    assert f"not run: {len(skips)} cells downstream of a training set left empty" in said
 
 
 def test_the_ready_loop_without_phases_starts_independent_groups_at_once(setup):

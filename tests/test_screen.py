@@ -15,16 +15,18 @@ import torch
 import torch.nn.functional as F
 
 from harness.analysis import screening
-from harness.config.schema import AnalysisConfig, ScreenConfig, TrainConfig, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import AnalysisConfig, ScreenConfig, TrainConfig
 from harness.execution import plan, schedule
 from harness.models import sources as models
 from harness.sandbox.random_model import random_llama
 from harness.stages import screen
 from harness.stages.dataset import encode, load_tokenizer
-from harness.stages.train import collate
+from harness.stages.encoding import collate
 from harness.store import Store, read_jsonl
 from harness.tasks import answers
 from harness.workflow import grid, regimes
+from harness.workflow.cells import KINDS
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
 
@@ -83,7 +85,7 @@ def test_signals_equal_an_independent_computation(tiny: tuple, batch_size: int) 
 
 
 def test_the_screened_tokens_are_the_ones_training_puts_its_loss_on(tiny: tuple) -> None:
-    """Training's loss (train.collate's labels, train._step's cross-entropy) on one example is the
+    """Training's loss (encoding.collate's labels, train_worker._step's cross-entropy) on one example is the
     screen's NLL; the screen scores completion + EOS, not the prompt."""
     model, tok = tiny
     data = _examples(tok)
@@ -205,9 +207,9 @@ def test_screen_cells_are_computed_from_the_dataset_cells_cached_and_resumed(
 
 def test_screen_max_examples_screens_a_seeded_sample() -> None:
     records = [{"id": i} for i in range(10)]
-    assert screen.sample(records, None) == records and screen.sample(records, 20) == records
-    picked = screen.sample(records, 4)
-    assert len(picked) == 4 and picked == screen.sample(records, 4)
+    assert screen.subsample(records, None) == records and screen.subsample(records, 20) == records
+    picked = screen.subsample(records, 4)
+    assert len(picked) == 4 and picked == screen.subsample(records, 4)
     assert [r["id"] for r in picked] == sorted(r["id"] for r in picked)
 
 
@@ -275,7 +277,7 @@ class ScreenedStages(dict):
     better teacher except in the matched regime; the adapter stage can die after `die_after`."""
 
     def __init__(self, die_after: int | None = None) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
         self.trained: list[str] = []
         self.die_after = die_after
 

@@ -19,7 +19,7 @@ from harness.store import Store
 from harness.tasks import suite as tasks
 from harness.workflow import grid as grids
 from harness.workflow import selection
-from harness.workflow.cells import Cell
+from harness.workflow.cells import KINDS, Cell
 
 TASKS = ("sandbox_coin_flip", "sandbox_addition")
 # what the fake select evals score: teachers differ by 40 points on coin flip, 2 on addition
@@ -43,7 +43,7 @@ class Stages(dict):
     """Completes every cell; a select eval scores ACCURACY."""
 
     def __init__(self) -> None:
-        super().__init__({kind: self._stage for kind in schedule.STAGE_TABLE})
+        super().__init__({kind: self._stage for kind in KINDS})
 
     def _stage(self, exp: Experiment, store: Store, cells: list[Cell]) -> None:
         for c in cells:

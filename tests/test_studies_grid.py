@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import load_experiment
+from harness.config.loading import load_experiment
 from harness.present import view
 from harness.sandbox import zoo
 

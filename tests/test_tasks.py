@@ -19,6 +19,7 @@ import pytest
 import yaml
 from helpers import opened_files
 
+from harness.config import task_paths
 from harness.errors import UserError
 from harness.tasks import answers, scoring
 from harness.tasks import suite as tasks
@@ -94,10 +95,8 @@ def test_unknown_task_names_the_nearest():
 
 
 def test_bad_task_yaml_is_reported_with_file_and_key(tmp_path, monkeypatch):
+    good = yaml.safe_load((task_paths.tasks_dir() / "coin_flip.yaml").read_text())
     monkeypatch.setenv("COTGAP_TASKS_DIR", str(tmp_path))
-    good = yaml.safe_load(
-        (Path(tasks.__file__).parent / "tasks_data" / "coin_flip.yaml").read_text()
-    )
     (tmp_path / "coin_flip.yaml").write_text(yaml.safe_dump({**good, "headlin": "strict"}))
     with pytest.raises(
         UserError, match=r"coin_flip.yaml: headlin: unknown key; did you mean 'headline'"
@@ -783,20 +782,19 @@ def test_source_version_is_the_sandbox_generators_version():
 def test_task_path_adds_folders_next_to_the_built_in_tasks(tmp_path, monkeypatch):
     """COTGAP_TASK_PATH: a task in an extra folder is found by name beside every built-in task,
     and shadows a built-in of the same name."""
-    from harness.config import schema as config
     from harness.tasks import suite as tasks
 
-    builtin = config.task_names()
+    builtin = task_paths.task_names()
     mine = tmp_path / "mine"
     mine.mkdir()
-    text = (config.tasks_dir() / "gsm8k.yaml").read_text(encoding="utf-8")
+    text = (task_paths.tasks_dir() / "gsm8k.yaml").read_text(encoding="utf-8")
     (mine / "gsm8k.yaml").write_text(text.replace("version:", "# mine\nversion:", 1))
     (mine / "my_copy.yaml").write_text(text.replace("name: gsm8k", "name: my_copy", 1))
     monkeypatch.setenv("COTGAP_TASK_PATH", str(mine))
-    assert set(config.task_names()) == set(builtin) | {"my_copy"}
-    assert config.task_file("gsm8k") == mine / "gsm8k.yaml"
-    assert config.task_file("my_copy") == mine / "my_copy.yaml"
-    assert config.task_file("svamp") == config.tasks_dir() / "svamp.yaml"
+    assert set(task_paths.task_names()) == set(builtin) | {"my_copy"}
+    assert task_paths.task_file("gsm8k") == mine / "gsm8k.yaml"
+    assert task_paths.task_file("my_copy") == mine / "my_copy.yaml"
+    assert task_paths.task_file("svamp") == task_paths.tasks_dir() / "svamp.yaml"
     assert tasks.load_task("my_copy").name == "my_copy"
     monkeypatch.delenv("COTGAP_TASK_PATH")
     with pytest.raises(UserError, match="COTGAP_TASK_PATH adds folders"):

@@ -15,7 +15,8 @@ import pytest
 from test_view import _experiment, _populate
 
 from harness.analysis import analyze
-from harness.config.schema import Experiment, parse
+from harness.config.loading import parse
+from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.present import tracking
 from harness.store import Store

@@ -30,7 +30,7 @@ from harness.execution import schedule
 from harness.execution.schedule import Events
 from harness.sandbox.random_model import random_llama
 from harness.stages import dataset as datasets
-from harness.stages import train
+from harness.stages import encoding, train, train_worker
 from harness.store import Store, read_jsonl
 from harness.workflow import grid as grids
 from harness.workflow.cells import Cell
@@ -115,10 +115,10 @@ def add_traces(store: Store, cell: Cell, records: list[dict]) -> None:
 
 
 def test_labels_are_the_completion_and_eos_only(tiny_model: Path) -> None:
-    tok = train.load_tokenizer(str(tiny_model), chat_template=True)
+    tok = encoding.load_tokenizer(str(tiny_model), chat_template=True)
     pairs = [("12+30", "12+30 is 42. The answer is 42."), ("1+1", "2")]
-    encoded = [train.encode(tok, p, c, chat_template=True) for p, c in pairs]
-    batch = train.collate(encoded, [0, 1], tok.pad_token_id)
+    encoded = [encoding.encode(tok, p, c, chat_template=True) for p, c in pairs]
+    batch = encoding.collate(encoded, [0, 1], tok.pad_token_id)
     for row, ((prompt, completion), (ids, n_prompt)) in enumerate(zip(pairs, encoded, strict=True)):
         labels = batch["labels"][row]
         assert tok.decode(labels[labels != -100]) == completion + END
@@ -126,26 +126,29 @@ def test_labels_are_the_completion_and_eos_only(tiny_model: Path) -> None:
         assert rendered == f"<|user|>{prompt}{END}<|assistant|>"
         assert batch["attention_mask"][row].sum() == len(ids)
     assert (batch["labels"][1][len(encoded[1][0]) :] == -100).all()  # padding is never a target
-    raw, n_raw = train.encode(tok, "Q: 1+1\nA:", " 2", chat_template=False)
+    raw, n_raw = encoding.encode(tok, "Q: 1+1\nA:", " 2", chat_template=False)
     assert tok.decode(raw[:n_raw]) == "Q: 1+1\nA:" and tok.decode(raw[n_raw:]) == " 2" + END
 
 
 def test_micro_batches_resume_split_and_group() -> None:
     lengths = [(i * 37) % 101 + 5 for i in range(200)]
-    full = list(islice(train.micro_batches(lengths, 8, True, seed=3), 60))
-    assert list(islice(train.micro_batches(lengths, 8, True, seed=3, start=17), 43)) == full[17:]
+    full = list(islice(train_worker.micro_batches(lengths, 8, True, seed=3), 60))
+    assert (
+        list(islice(train_worker.micro_batches(lengths, 8, True, seed=3, start=17), 43))
+        == full[17:]
+    )
     epoch = full[:25]  # 200 examples in batches of 8: each example once
     assert sorted(i for b in epoch for i in b) == list(range(200))
     assert full[25:50] != epoch  # the next epoch is reshuffled
     for rank in (0, 1):
-        shard = train.micro_batches(lengths, 8, True, 3, world=2, rank=rank)
+        shard = train_worker.micro_batches(lengths, 8, True, 3, world=2, rank=rank)
         assert list(islice(shard, 10)) == full[rank:20:2]
 
     def non_pad(batches: list[list[int]]) -> float:
         padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
         return sum(lengths[i] for b in batches for i in b) / padded
 
-    ungrouped = list(islice(train.micro_batches(lengths, 8, False, seed=3), 25))
+    ungrouped = list(islice(train_worker.micro_batches(lengths, 8, False, seed=3), 25))
     assert non_pad(epoch) > 0.95 > non_pad(ungrouped)
 
 
@@ -336,7 +339,7 @@ def test_resume_after_sigkill_matches_the_uninterrupted_run(toy: tuple, trained:
         ):
             time.sleep(0.005)
         (worker,) = [
-            p for p in psutil.Process().children() if "harness.stages.train" in p.cmdline()
+            p for p in psutil.Process().children() if "harness.stages.train_worker" in p.cmdline()
         ]
         worker.send_signal(signal.SIGKILL)
         with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
@@ -419,7 +422,9 @@ def _kill_worker_when(done: Any, run: concurrent.futures.Future, timeout: float 
     while not done() and not run.done() and time.time() < deadline:
         time.sleep(0.005)
     assert done(), "the worker never got there"
-    (worker,) = [p for p in psutil.Process().children() if "harness.stages.train" in p.cmdline()]
+    (worker,) = [
+        p for p in psutil.Process().children() if "harness.stages.train_worker" in p.cmdline()
+    ]
     for p in [worker, *worker.children(recursive=True)]:  # with the ranks of a launch
         p.send_signal(signal.SIGKILL)
     with pytest.raises(UserError, match=f"exit code -{int(signal.SIGKILL)}"):
@@ -518,14 +523,14 @@ def test_full_fine_tuning_by_epochs(toy: tuple, tiny_model: Path, tmp_path: Path
         method="full", epochs=1, per_device_batch_size=16, lr=1e-3, schedule="constant"
     )
     _write_job(tmp_path, tiny_model, store, adapter, cfg)
-    summary = train.train(tmp_path)
+    summary = train_worker.train_cell(tmp_path)
     assert summary["steps"] == 7 and summary["epochs"] == 1.0  # 100 examples in batches of 16
     assert [r["lr"] for r in read_jsonl(tmp_path / "train_log.jsonl")] == [0.0] + [1e-3] * 6
     assert summary["adapter"] is None and not (tmp_path / "adapter").exists()
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
     base = AutoModelForCausalLM.from_pretrained(tiny_model)
     assert not torch.equal(tuned.lm_head.weight, base.lm_head.weight)  # every weight trains
-    assert train.load_tokenizer(str(tmp_path / "merged"), chat_template=True).eos_token == END
+    assert encoding.load_tokenizer(str(tmp_path / "merged"), chat_template=True).eos_token == END
 
 
 def _write_job(tmp_path: Path, model: Path, store: Any, adapter: Any, cfg: TrainConfig) -> None:
@@ -564,7 +569,7 @@ def test_weights_are_held_in_the_dtypes_plan_counts(
     exp, store, adapter = toy
     cfg = TrainConfig(method=method, max_steps=2, per_device_batch_size=4, precision="bf16")
     _write_job(tmp_path, tiny_model, store, adapter, cfg)
-    held = train.train(tmp_path)["dtypes"]
+    held = train_worker.train_cell(tmp_path)["dtypes"]
     size = {"float32": 4, "bfloat16": 2}
     assert held["trained"] == "float32" and size[held["trained"]] == estimate.FULL_BYTES // 4
     if method == "lora":
@@ -578,7 +583,7 @@ def test_worker_commands(tmp_path: Path) -> None:
     assert one == [
         sys.executable,
         "-m",
-        "harness.stages.train",
+        "harness.stages.train_worker",
         "--cell-dir",
         str(tmp_path),
         "--owner-pid",
@@ -685,7 +690,7 @@ def test_fsdp_asked_for_but_not_started_is_an_error(
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     cfg = TrainConfig(max_steps=1, accelerate_config="fsdp.yaml")
     with pytest.raises(UserError, match="asks for FSDP, but accelerate started NO"):
-        train._accelerator(cfg)
+        train_worker._accelerator(cfg)
 
 
 # --- serving the adapter ------------------------------------------------------------------------
@@ -739,7 +744,7 @@ def test_vllm_and_peft_serve_the_same_trained_adapter(trained: tuple, tiny_model
     from transformers import AutoModelForCausalLM
 
     cell_dir, _ = trained
-    tok = train.load_tokenizer(str(tiny_model), chat_template=True)
+    tok = encoding.load_tokenizer(str(tiny_model), chat_template=True)
     base = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
     base_text = hf_greedy(base, tok, PROMPTS)
     peft_text = hf_greedy(
@@ -766,13 +771,13 @@ def test_a_worker_stopped_by_both_signals_exits_quietly(tmp_path: Path) -> None:
     (cell / ".adapter.tmp").mkdir(parents=True)
     code = f"""
 import os, signal, time, weakref
-from harness.stages import train
+from harness.stages import train_worker
 
 class Model: pass
 
 def stopped(cell_dir, owner_pid):
-    train.held = Model()  # finalised as the interpreter exits, as torch.library's are
-    weakref.finalize(train.held, lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
+    train_worker.held = Model()  # finalised as the interpreter exits, as torch.library's are
+    weakref.finalize(train_worker.held, lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(0.5)))
     both = {{signal.SIGINT, signal.SIGTERM}}
     signal.pthread_sigmask(signal.SIG_BLOCK, both)
     os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C to the process group ...
@@ -781,8 +786,8 @@ def stopped(cell_dir, owner_pid):
     time.sleep(5)
     raise AssertionError("the signals did not interrupt the worker")
 
-train.train = stopped
-raise SystemExit(train.main(["--cell-dir", {str(cell)!r}]))
+train_worker.train_cell = stopped
+raise SystemExit(train_worker.main(["--cell-dir", {str(cell)!r}]))
 """
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
@@ -809,10 +814,10 @@ def test_an_interrupted_worker_leaves_no_half_written_folder(
         time.sleep(5)
         raise AssertionError("the signal did not interrupt the worker")
 
-    monkeypatch.setattr(train, "train", stopped_mid_save)
+    monkeypatch.setattr(train_worker, "train_cell", stopped_mid_save)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        assert train.main(["--cell-dir", str(cell)]) == 128 + signal.SIGTERM
+        assert train_worker.main(["--cell-dir", str(cell)]) == 128 + signal.SIGTERM
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

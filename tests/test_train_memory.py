@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.config.schema import TrainConfig
-from harness.stages import train
+from harness.stages import train_worker
+from harness.workflow import estimate
 
 VOCAB = 997
 
@@ -68,7 +69,7 @@ def acc():
 def test_chunked_loss_and_gradients_equal_the_plain_ones(acc, monkeypatch, tie, checkpointing):
     b = _batch()
     n_targets = int((b["labels"][:, 1:] != -100).sum())
-    monkeypatch.setattr(train, "CHUNK_BYTES", 4 * VOCAB * 5)  # 5 positions a chunk
+    monkeypatch.setattr(train_worker, "CHUNK_BYTES", 4 * VOCAB * 5)  # 5 positions a chunk
     reference, model = _model(tie), _model(tie)
     model.load_state_dict(reference.state_dict())
     if checkpointing:
@@ -80,7 +81,7 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones(acc, monkeypatch, tie, 
 
     plain = _plain(reference, b)
     plain.backward()
-    chunked = train.completion_ce(acc, model, b)
+    chunked = train_worker.completion_ce(acc, model, b)
     chunked.backward()
     hook.remove()
 
@@ -99,7 +100,7 @@ def test_chunked_loss_and_gradients_equal_the_plain_ones(acc, monkeypatch, tie, 
 def test_chunked_loss_trains_lora_like_the_plain_loss(acc, monkeypatch):
     import peft
 
-    monkeypatch.setattr(train, "CHUNK_BYTES", 4 * VOCAB * 7)
+    monkeypatch.setattr(train_worker, "CHUNK_BYTES", 4 * VOCAB * 7)
     b = _batch(seed=3)
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
     models = []
@@ -111,7 +112,7 @@ def test_chunked_loss_trains_lora_like_the_plain_loss(acc, monkeypatch):
             if "lora_B" in n:
                 torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(7))
     _plain(models[0], b).backward()
-    train.completion_ce(acc, models[1], b).backward()
+    train_worker.completion_ce(acc, models[1], b).backward()
     want, got = _grads(models[0]), _grads(models[1])
     assert set(got) == set(want) and all("lora_" in n for n in got) and got
     for name in want:
@@ -122,15 +123,16 @@ def test_gradient_checkpointing_auto_is_on_from_1b_parameters():
     auto, on, off = (
         TrainConfig(max_steps=1, gradient_checkpointing=v) for v in ("auto", True, False)
     )
-    assert not train.checkpointing(auto, 494_032_768)  # Qwen2.5-0.5B
-    assert train.checkpointing(auto, 1_543_714_304)  # Qwen2.5-1.5B
-    assert train.checkpointing(on, 10) and not train.checkpointing(off, 10**10)
+    assert not estimate.checkpointing(auto, 494_032_768)  # Qwen2.5-0.5B
+    assert estimate.checkpointing(auto, 1_543_714_304)  # Qwen2.5-1.5B
+    assert estimate.checkpointing(on, 10) and not estimate.checkpointing(off, 10**10)
 
 
 def test_gradient_checkpointing_is_not_in_the_adapter_key(tmp_path):
     from helpers import sandbox_grid
 
-    from harness.config.schema import Experiment, parse
+    from harness.config.loading import parse
+    from harness.config.schema import Experiment
     from harness.workflow import grid
 
     keys = []

@@ -28,8 +28,10 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import screening, spend
-from harness.config.schema import AnalysisConfig, Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.errors import UserError
+from harness.execution import schedule
 from harness.models import sources as models
 from harness.stats import adapters, grid_level, teacher_level
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
@@ -62,12 +64,12 @@ COLUMNS: dict[str, str] = {
     "teacher_gain": "the teacher's gain over the baseline: mean over its replicates (trace draws "
     "and training seeds) of post_acc - base_acc, a fraction (harness/stats/teacher_level.py)",
     "teacher_gain_low": "lower end of the teacher's gain interval over test items and replicates, "
-    "Bonferroni-adjusted over the group's comparisons (the interval `verdict` reads)",
+    "simultaneous over the group's comparisons, a max-t family (the interval `verdict` reads)",
     "teacher_gain_high": "upper end of the teacher's gain interval (see teacher_gain_low)",
     "verdict": "the teacher against the student's baseline, one of better | worse | equivalent | "
     "inconclusive (always inconclusive below analysis.min_replicates replicates: exploratory)",
-    "in_best_set": "the teacher is in the group's confidence set for the best teacher (no other "
-    "teacher is better)",
+    "in_best_set": "the teacher is in the group's confidence set for the best teacher (multiple "
+    "comparisons with the best: no other teacher is shown above it)",
     "n_replicates": "replicate units of this teacher in its group (trace draws, else training seeds)",
     "teacher_acc": "teacher's test accuracy under the same eval config, a fraction in [0, 1]",
     "teacher_train_acc": "teacher's train-split yield: share of questions with a correct trace, in "
@@ -88,8 +90,9 @@ COLUMNS: dict[str, str] = {
     "traces_key": "traces cell of the row's teacher on this task: a distilled row's own trace "
     "draw, a teacher row's first",
     "baseline_key": "baseline eval cell of the row's student on this task",
-    "seed_sd": "SD of post_acc across the replicates (trace draws x training seeds) of this "
-    "(task, student, teacher, regime) (empty with one): the replicate-to-replicate noise floor",
+    "seed_sd": "raw SD of post_acc across the replicates (trace draws x training seeds) of this "
+    "(task, student, teacher, regime) (empty with one): it holds each adapter's item-level noise "
+    "too, so it is larger than the report's between-replicate SD (a variance component)",
     "screened_out": "why a distilled row was not trained: its teacher screened out by train.teachers_per_student: top_k (empty: trained)",
 }
 COLUMNS.update(spend.COLUMNS)  # what the rows cost (harness/analysis/spend.py)
@@ -327,8 +330,10 @@ def leaderboard(
 
 def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:
     """Keys of cells the run skips on purpose, which are not "not computed yet": the adapters and
-    evals of screened-out rows (top_k) and every cell of a task pre-selection gated."""
+    evals of screened-out rows (top_k) and of training sets left empty, and every cell of a task
+    pre-selection gated."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
+    out |= schedule.left_empty(store, grid.unique())
     gated = {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
@@ -373,10 +378,12 @@ def _group_arms(
         for teacher, mine in rows.groupby("teacher", sort=False):
             reps = []
             trace_seeds = mine["trace_seed"] if "trace_seed" in mine else [None] * len(mine)
-            for k, trace_seed, seed in zip(
-                mine["eval_key"], trace_seeds, mine["seed"], strict=True
+            for k, trace_seed, seed, examples in zip(
+                mine["eval_key"], trace_seeds, mine["seed"], mine["n_train_examples"], strict=True
             ):
                 post = reader.eval(k)
+                if post is None and _int(examples) == 0:  # no training set: the student as it is
+                    post = base
                 if post is not None:
                     reps.append(Replicate(_int(trace_seed), _int(seed), paired(base, post)[1]))
             if reps:
@@ -424,22 +431,30 @@ def compare_groups(
     Each decision carries the multiplicity rule's record (`multiplicity`)."""
     draws = {k: (base, {t: draws_of(r) for t, r in ts.items()}) for k, (base, ts) in groups.items()}
     decided, record = teacher_level.decide_groups(
-        draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates, a.multiplicity
+        draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
     )
     out = {}
     for key, dec in decided.items():
         d = dec.as_dict()
         d["multiplicity"] = record
-        d["mde"] = _group_mde(a, d, draws[key][1])
+        d["mde"] = _group_mde(a, d, *draws[key])
         out[key] = d
     return out
 
 
-def _group_mde(a: AnalysisConfig, d: dict[str, Any], draws: dict[str, list]) -> dict[str, Any]:
+def _group_mde(
+    a: AnalysisConfig, d: dict[str, Any], base: np.ndarray, draws: dict[str, list]
+) -> dict[str, Any]:
     """What this group's design can detect under the rule: the smallest gain over the baseline
     and the smallest teacher-vs-teacher difference, at its items and replicates, with the
-    replicate SD measured here (the largest of its teachers') or analysis.replicate_sd."""
+    replicate SD measured here (the largest of its teachers') or analysis.replicate_sd, and the
+    item concordance of baseline and distilled students measured here (the smallest of its
+    teachers'; `teacher_level.concordance`)."""
     reps = min(t["n_replicates"] for t in d["teachers"])
+    measured_conc = [
+        teacher_level.concordance(base, teacher_level.replicate_units(x)) for x in draws.values()
+    ]
+    conc = min((c for c in measured_conc if not math.isnan(c)), default=0.0)
     measured = [t["rep_sd"] for t in d["teachers"] if t["n_replicates"] >= 2]
     sd = max(measured) if measured else a.replicate_sd / 100
     planned = max(reps, a.min_replicates)
@@ -448,8 +463,9 @@ def _group_mde(a: AnalysisConfig, d: dict[str, Any], draws: dict[str, list]) -> 
         "replicates": planned,
         "rep_sd": sd,
         "rep_sd_source": "measured" if measured else "analysis.replicate_sd",
+        "concordance": conc,
         "gain": teacher_level.minimum_detectable_gain(
-            d["n_items"], d["base_acc"], planned, sd, m, 1 - a.ci, sims=1000
+            d["n_items"], d["base_acc"], planned, sd, m, 1 - a.ci, concordance=conc, sims=1000
         ),
         "difference": teacher_level.minimum_detectable_difference(
             d["n_items"],
@@ -458,6 +474,7 @@ def _group_mde(a: AnalysisConfig, d: dict[str, Any], draws: dict[str, list]) -> 
             sd,
             m,
             1 - a.ci,
+            concordance=conc,
             sims=1000,
         ),
     }
@@ -857,7 +874,8 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
             {"task": g["task"], "student": g["student"], "regime": g["regime"],
              "method": regimes.method_of(g["regime"]), "answer": d["answer"], "distill": d["distill"], "teacher": h["teacher"],
              "gain": h["gain"], "gain_low": h["gain_low"], "gain_high": h["gain_high"],
-             "verdict": h["verdict"], "base_acc": d["base_acc"],
+             "verdict": h["verdict"], "clears_effect": d["clears_effect"],
+             "base_acc": d["base_acc"],
              "best_set": ";".join(d["best_set"]),
              "n_replicates": min(t["n_replicates"] for t in d["teachers"]),
              "exploratory": d["exploratory"], "n_items": d["n_items"],
@@ -877,12 +895,15 @@ ANSWER_COLUMNS: dict[str, str] = {
     "teacher": "the teacher whose gain the row quotes: the answer, else the teacher with the "
     "largest gain that beats the baseline, else the largest point estimate",
     "gain": "that teacher's gain over the baseline, mean over replicates, a fraction",
-    "gain_low": "lower end of its interval over test items and replicates (Bonferroni-adjusted "
-    "over the group's comparisons, at `level`)",
+    "gain_low": "lower end of its interval over test items and replicates (simultaneous over "
+    "the group's comparisons, a max-t family, at the per-comparison `level`)",
     "gain_high": "upper end of that interval",
     "verdict": "that teacher against the baseline: better | worse | equivalent | inconclusive",
+    "clears_effect": "does that teacher's gain clear the effect of interest: yes (its interval "
+    "lies above +effect_of_interest) | no (below it; always on a `none` answer) | inconclusive",
     "base_acc": "the student's own baseline accuracy",
-    "best_set": "confidence set for the best teacher: every teacher no other is better than",
+    "best_set": "confidence set for the best teacher (multiple comparisons with the best): "
+    "every teacher no other is shown above",
     "n_replicates": "fewest replicate units of any teacher in the group",
     "exploratory": "true when a teacher has fewer than analysis.min_replicates replicates: "
     "nothing is claimed",

@@ -113,10 +113,6 @@ def _who(g: dict[str, Any]) -> str:
     return f"{g['student']} on {g['task']} ({g['regime']})"
 
 
-def _names(names: list[str]) -> str:
-    return " = ".join(names) if names else "–"
-
-
 # --- sections ------------------------------------------------------------------------------------
 
 
@@ -200,11 +196,11 @@ def answer_row(g: dict[str, Any]) -> list[str]:
     answer = d["answer"] + (" (exploratory)" if d["exploratory"] else "")
     return [g["task"], g["student"], g["regime"], pts(d["base_acc"]), answer, d["distill"],
             h["teacher"], spts(h["gain"]), ci(h["gain_low"], h["gain_high"]),
-            ", ".join(d["best_set"]), str(reps)]  # fmt: skip
+            d["clears_effect"], ", ".join(d["best_set"]), str(reps)]  # fmt: skip
 
 
 ANSWER_HEADER = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain",
-                 "interval", "best set", "replicates"]  # fmt: skip
+                 "interval", "clears effect?", "best set", "replicates"]  # fmt: skip
 
 
 def _answers(r: dict[str, Any]) -> str:
@@ -220,9 +216,13 @@ def _answers(r: dict[str, Any]) -> str:
         f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}."
     )
     verdicts = [
-        "**a teacher**: it beats the baseline and is the only member of the best set (the "
-        "teachers no other teacher is shown better than); distill from it",
-        f"**none**: no teacher beats the baseline, and none can by {effect}; keep the base student",
+        "**a teacher**: it beats the baseline and is the only member of the best set (multiple "
+        "comparisons with the best: the teachers no other is shown above; a wrong teacher is "
+        f"named at most {100 * (1 - a['ci']):g}% of the time); distill from it. **clears "
+        f"effect?** says whether its gain is shown above {effect} (yes), below (no), or neither",
+        f"**none**: no teacher beats the baseline, and every teacher's gain is shown below "
+        f"{effect} (each one-sided at {100 * (1 - a['ci']):g}%, an intersection-union test at "
+        f"that level); keep the base student",
         "**inconclusive**: neither; distill? yes: a teacher beats the baseline, but the best "
         "set holds several",
         f"**exploratory**: fewer than {a['min_replicates']} replicates per teacher "
@@ -236,38 +236,42 @@ def _answers(r: dict[str, Any]) -> str:
             intro,
             md_table(ANSWER_HEADER, [answer_row(g) for g in decided]),
             "\n".join(f"- {v}." for v in verdicts),
+            _two_replicates(decided),
             _replicate_cost(r, decided),
         ]
     ).rstrip()
 
 
 def _levels(decided: list[dict[str, Any]]) -> str:
-    """The quoted intervals' confidence levels: one, or each with its number of teachers."""
-    levels = {}
-    for g in decided:
-        d = g["decision"]
-        levels.setdefault(f"{100 * d['headline']['level']:.4g}%", set()).add(len(d["teachers"]))
+    """The quoted intervals' per-comparison confidence levels (each group's max-t family sets
+    its own, from its teachers and their correlation): one, or their range."""
+    levels = sorted({round(100 * g["decision"]["headline"]["level"], 2) for g in decided})
     if len(levels) == 1:
-        return next(iter(levels))
-    return " or ".join(
-        f"{lvl} ({', '.join(map(str, sorted(n)))} teachers)" for lvl, n in levels.items()
-    )
+        return f"{levels[0]:.4g}%"
+    return f"{levels[0]:.4g}–{levels[-1]:.4g}% per comparison"
 
 
 def _multiplicity(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
     """How the intervals are adjusted for multiplicity (analysis.multiplicity)."""
     alpha = 100 * (1 - a["ci"])
-    rec = decided[0]["decision"].get("multiplicity") or {"rule": "group"}
-    if rec["rule"] == "grid_fdr":
-        return (
-            f"a false-coverage-rate level: Benjamini-Hochberg at {alpha:g}% over all "
-            f"{rec['comparisons']} comparisons of the grid selected {rec['selected']}, so at most "
-            f"{alpha:g}% of the better/worse verdicts are expected to be false (no per-group "
-            "guarantee)"
-        )
     return (
-        "Bonferroni-adjusted over the group's comparisons (each teacher against the baseline "
-        f"and against each other; family-wise {alpha:g}%)"
+        "simultaneous over the group's comparisons (each teacher against the baseline and "
+        f"against each other, one max-t family; family-wise {alpha:g}%)"
+    )
+
+
+def _two_replicates(decided: list[dict[str, Any]]) -> str:
+    """Groups decided on two replicates per teacher (analysis.min_replicates: 2) are weaker."""
+    two = [g for g in decided if not g["decision"]["exploratory"]
+           and min(t["n_replicates"] for t in g["decision"]["teachers"]) == 2]  # fmt: skip
+    if not two:
+        return ""
+    return (
+        f"**Two replicates:** {len(two)} group(s) rest on 2 replicates of a teacher. They are "
+        "weaker than the others: the spread of two replicates has one degree of freedom, so "
+        "their intervals are wide and few verdicts are reached, and whether a teacher's "
+        "replicates agree by chance cannot be told; three or more replicates "
+        "(analysis.min_replicates) narrow them."
     )
 
 
@@ -311,7 +315,10 @@ def _evidence(r: dict[str, Any]) -> str:
     parts = [
         "## Evidence per group",
         "Per group, each teacher against the baseline and each pair of teachers (difference "
-        "b − a), with the intervals and per-teacher verdicts defined under Answers. The MDE is "
+        "b − a), with the intervals and per-teacher verdicts defined under Answers. The "
+        "between-replicate SD is the variance component of a teacher's post accuracy (its "
+        "replicates' spread beyond each adapter's item-level noise); the leaderboard's seed_sd "
+        "is the raw SD and larger. The MDE is "
         "the smallest gain (and teacher difference) the group's items and replicates detect with "
         "80% power under that rule.",
     ]
@@ -323,7 +330,8 @@ def _evidence(r: dict[str, Any]) -> str:
              WORDS[t["verdict"]], "yes" if t["teacher"] in d["best_set"] else "no"]
             for t in d["teachers"]
         ]  # fmt: skip
-        header = ["teacher", "post", "gain", "interval", "replicates", "replicate SD", "vs base"]
+        header = ["teacher", "post", "gain", "interval", "replicates", "between-replicate SD",
+                  "vs base"]  # fmt: skip
         header.append("in best set")
         pairs = "; ".join(
             f"{q['b']} − {q['a']} {spts(q['diff'])} {ci(q['low'], q['high'])}: {WORDS[q['verdict']]}"
@@ -333,7 +341,7 @@ def _evidence(r: dict[str, Any]) -> str:
         reach = (
             f"MDE: gain {pts(mde.get('gain'))} pts, teacher difference "
             f"{pts(mde.get('difference'))} pts at {mde.get('replicates')} replicates "
-            f"(replicate SD {pts(mde.get('rep_sd'))} pts, {mde.get('rep_sd_source')})"
+            f"(between-replicate SD {pts(mde.get('rep_sd'))} pts, {mde.get('rep_sd_source')})"
             if mde
             else ""
         )

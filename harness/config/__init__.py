@@ -1,1 +1,1 @@
-"""Experiment configs: the strict pydantic schema and its YAML loading."""
+"""Experiment configs: the strict pydantic schema, its YAML loading, where task files are found, and config hashes."""

@@ -1,31 +1,19 @@
-"""Experiment configs: strict, frozen pydantic models and a YAML loader that reports every error.
+"""The experiment schema: strict, frozen pydantic models, one per section of an experiment YAML.
 
     cotgap validate configs/sandbox.yaml
 
-Every model forbids unknown keys; a misspelt key is reported with its file, key path and the
-nearest valid key; a key given twice in one mapping is an error naming both lines. Safe YAML
-only: YAML holds values and names, never code. Every relative path in an experiment file is taken
-relative to that file, so a command means the same from any working directory: `results_dir`,
-`data_dir`, `task_paths`, `train.accelerate_config`, a model `path` that names a directory there (or starts
-with `./` or `../`) and the file of `gguf:<file>.gguf`. (Tracking paths are under
-<results_dir>/<name>.) An
-experiment's task names are checked against the task YAMLs of `task_dirs()`: its `task_paths`,
-$COTGAP_TASK_PATH and the built-in `tasks_dir()` (harness.tasks.suite reads them).
+Every model forbids unknown keys and every float must be finite. Reading a file into these
+models, with errors that name the file and key, is harness/config/loading.py; where task YAMLs
+are found is harness/config/task_paths.py; the hash of a config in a cell key is
+harness/config/hashing.py.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import itertools
-import json
-import os
-import types
-import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -33,7 +21,6 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
@@ -43,7 +30,23 @@ from harness.errors import UserError
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every float of a config is a finite number (a nan or .inf edge, price
+    # or weight validates nowhere and breaks whatever reads it)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+SEED_MAX = 2**32 - 1  # numpy's and accelerate's set_seed range: the training worker seeds both
+Seed = Annotated[int, Field(ge=0, le=SEED_MAX)]
+
+
+def _no_duplicates(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    dupes = sorted({str(v) for i, v in enumerate(values) if v in values[:i]})
+    if dupes:
+        raise ValueError(f"{dupes} given more than once; list each once")
+    return values
+
+
+Distinct = AfterValidator(_no_duplicates)  # a list whose entries each say something new
 
 
 class EngineSettings(Strict):
@@ -175,44 +178,6 @@ class TaskRef(Strict):
 PromptStyle = Literal["zero_shot_cot", "few_shot_cot"]
 
 
-def tasks_dir() -> Path:
-    """The directory of task YAMLs: $COTGAP_TASKS_DIR, else the package's harness/tasks_data/
-    (package data: a wheel ships it, an editable install reads it in place)."""
-    env = os.environ.get("COTGAP_TASKS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "tasks_data"
-
-
-def task_dirs() -> list[Path]:
-    """Where task YAMLs are found, in order: the folders of $COTGAP_TASK_PATH (separated like
-    PATH), then the built-in tasks (`tasks_dir()`). A task in an earlier folder shadows one of the
-    same name in a later one."""
-    extra = [Path(p) for p in os.environ.get("COTGAP_TASK_PATH", "").split(os.pathsep) if p]
-    return [*extra, tasks_dir()]
-
-
-def include_task_paths(paths: typing.Iterable[str | Path]) -> None:
-    """Add task folders to this process's search path, and so to its workers' (they inherit
-    COTGAP_TASK_PATH): after the folders already there, before the built-in tasks."""
-    current = [p for p in os.environ.get("COTGAP_TASK_PATH", "").split(os.pathsep) if p]
-    new = [str(Path(p).expanduser().resolve()) for p in paths]
-    added = [p for p in dict.fromkeys(new) if p not in current]
-    if added:
-        os.environ["COTGAP_TASK_PATH"] = os.pathsep.join([*current, *added])
-
-
-def task_file(name: str) -> Path | None:
-    """The YAML of task `name` in the first of `task_dirs()` that holds one."""
-    for d in task_dirs():
-        path = d / f"{name}.yaml"
-        if path.is_file():
-            return path
-    return None
-
-
-def task_names() -> list[str]:
-    return sorted({p.stem for d in task_dirs() for p in d.glob("*.yaml")})
-
-
 def vllm_installed() -> bool:
     """Whether `import vllm` can work here (found, not imported: that takes seconds)."""
     import importlib.util
@@ -239,8 +204,8 @@ class SamplingConfig(Strict):
     temperature: float = Field(0.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(512, gt=0)
-    seed: int = 0
-    stop: tuple[str, ...] = ()
+    seed: Seed = 0
+    stop: Annotated[tuple[str, ...], Distinct] = ()
 
 
 class GenerateConfig(SamplingConfig):
@@ -249,7 +214,7 @@ class GenerateConfig(SamplingConfig):
     one draw at `seed`."""
 
     top_k: int = -1
-    seeds: tuple[int, ...] | None = Field(
+    seeds: tuple[Seed, ...] | None = Field(
         None, description="trace-sampling replicates: one draw per seed (default: one at seed)"
     )
 
@@ -287,7 +252,7 @@ class LoraConfig(Strict):
     r: int = Field(8, gt=0)
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    target_modules: Annotated[tuple[str, ...], Distinct] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 Regime = Literal["per_teacher", "intersection", "matched", "mix"]
@@ -323,7 +288,7 @@ class Budget(Strict):
     reference: str | None = Field(
         None, description="a teacher's per_teacher set; default the first"
     )
-    regimes: tuple[Regime, ...] | None = Field(
+    regimes: Annotated[tuple[Regime, ...], Distinct] | None = Field(
         None, description="the regimes aligned (default: every one); the others train as configured"
     )
 
@@ -397,13 +362,13 @@ class TrainConfig(Strict):
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     max_length: int = Field(512, gt=0)
     max_grad_norm: float = Field(1.0, gt=0)
-    seeds: tuple[int, ...] = (0,)
+    seeds: tuple[Seed, ...] = (0,)
     replicates: Literal["crossed", "paired"] = Field(
         "crossed",
         description="crossed: every trace draw (generate.seeds) x every training seed; paired: "
         "the k-th trace seed with the k-th training seed",
     )
-    regimes: tuple[Regime, ...] = ("per_teacher",)
+    regimes: Annotated[tuple[Regime, ...], Distinct] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"
     mix: tuple[MixPart, ...] = Field((), description="the mix regime's teachers and weights")
     mix_batch: MixBatch | None = Field(
@@ -504,13 +469,21 @@ class Family(Strict):
     """A task family the studies average over: its name and its tasks' name patterns (fnmatch)."""
 
     name: str
-    tasks: tuple[str, ...] = Field(min_length=1, description="task-name patterns, e.g. bbh_*")
+    tasks: Annotated[tuple[str, ...], Distinct] = Field(
+        min_length=1, description="task-name patterns, e.g. bbh_*"
+    )
 
 
 class AnalysisConfig(Strict):
-    bootstrap_samples: int = Field(2000, ge=100)
+    bootstrap_samples: int = Field(
+        2000,
+        ge=100,
+        le=100_000,
+        description="bootstrap resamples for intervals (each resamples every test item: memory "
+        "and time grow with items x samples)",
+    )
     ci: float = Field(0.95, gt=0, lt=1)
-    seed: int = 0
+    seed: Seed = 0
     spread_threshold: float = Field(30.0, ge=0, description="teacher accuracy spread, in points")
     effect_of_interest: float = Field(
         3.0,
@@ -532,12 +505,11 @@ class AnalysisConfig(Strict):
         description="prior SD of a teacher's post accuracy between replicates, in points: what "
         "`cotgap plan` assumes until replicates have run",
     )
-    multiplicity: Literal["group", "grid_fdr"] = Field(
+    multiplicity: Literal["group"] = Field(
         "group",
-        description="group: Bonferroni over each (task, student, regime) group's comparisons "
-        "(any false better/worse in a group at most 1 - ci); grid_fdr: Benjamini-Hochberg over "
-        "every comparison of the grid, intervals at the false-coverage-rate level (expected share "
-        "of false better/worse at most 1 - ci; more power in grids with many true effects)",
+        description="group: one simultaneous max-t family per (task, student, regime) group (any "
+        "false better/worse in a group at most 1 - ci), the best set by multiple comparisons "
+        "with the best",
     )
     delta_large: tuple[str, str] | None = Field(
         None,
@@ -561,12 +533,35 @@ class AnalysisConfig(Strict):
         "win rate, increasing",
     )
 
+    @field_validator("multiplicity", mode="before")
+    @classmethod
+    def _multiplicity(cls, v: Any) -> Any:
+        if v == "grid_fdr":
+            raise ValueError(
+                "grid_fdr is not offered: its false-discovery rate exceeded its q in simulation "
+                "(9-14% at q = 5%); remove analysis.multiplicity, or set it to group (one "
+                "family-wise family per decision group)"
+            )
+        return v
+
     @field_validator("gap_bins")
     @classmethod
     def _increasing(cls, edges: tuple[float, ...]) -> tuple[float, ...]:
         if any(b <= a for a, b in itertools.pairwise(edges)):
             raise ValueError(f"gap_bins must increase: {list(edges)}")
         return edges
+
+    @model_validator(mode="after")
+    def _distinct(self) -> AnalysisConfig:
+        for key in ("delta_large", "delta_long"):
+            pair = getattr(self, key)
+            if pair is not None and pair[0] == pair[1]:
+                raise ValueError(
+                    f"{key}: [{pair[0]}, {pair[1]}] compares a teacher with itself; name two "
+                    "different teachers"
+                )
+        _no_duplicates(tuple(f.name for f in self.families))
+        return self
 
 
 class SelectConfig(Strict):
@@ -693,7 +688,7 @@ class Experiment(Strict):
     data_dir: str | None = Field(
         None, description="the original benchmark files; relative to the experiment YAML file"
     )
-    task_paths: tuple[str, ...] = Field(
+    task_paths: Annotated[tuple[str, ...], Distinct] = Field(
         (),
         description="folders of your own task YAMLs, searched before the built-in tasks; "
         "relative to the experiment YAML file",
@@ -758,6 +753,18 @@ class Experiment(Strict):
             )
         return self
 
+    def replicate_warnings(self) -> list[str]:
+        """What `validate` warns about the replicates (not errors: the grid still runs)."""
+        draws, seeds = self.generate.trace_seeds, self.train.seeds
+        if len(draws) == 1 and len(seeds) > 1:
+            return [
+                f"the replicates are {len(seeds)} training seeds on one trace draw "
+                f"(generate.seed {draws[0]}): the teachers' intervals leave out trace-sampling "
+                "variance, so an answer about a teacher can rest on one draw of its traces; "
+                f"set generate.seeds to {len(seeds)} seeds and train.replicates: paired"
+            ]
+        return []
+
     def replicates(self) -> list[tuple[int, int]]:
         """Every (trace seed, training seed) replicate of a (task, student, teacher, regime), in
         order: crossed (every pair) or paired (the k-th of each)."""
@@ -775,8 +782,8 @@ class Experiment(Strict):
             if wrong:
                 raise ValueError(f"costs.{part}: not a model of this experiment: {wrong}")
             dupes = sorted({n for n in given if given.count(n) > 1})
-            if dupes and part == "prices":
-                raise ValueError(f"costs.prices: {dupes} priced more than once; keep one entry")
+            if dupes:
+                raise ValueError(f"costs.{part}: {dupes} given more than once; keep one entry")
         served = [m.name for m in self.students if m.served]
         if served:
             raise ValueError(
@@ -808,228 +815,3 @@ class Experiment(Strict):
     def root(self) -> Path:
         """Results of this experiment: <results_dir>/<name>."""
         return Path(self.results_dir) / self.name
-
-
-def canonical(obj: Any) -> Any:
-    """A JSON-able, key-sorted form of a config (pydantic models, tuples, paths)."""
-    if isinstance(obj, BaseModel):
-        return canonical(obj.model_dump(mode="json"))
-    if isinstance(obj, dict):
-        return {str(k): canonical(v) for k, v in sorted(obj.items())}
-    if isinstance(obj, (list, tuple)):
-        return [canonical(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, Path):
-        return str(obj)
-    raise TypeError(f"cannot hash a {type(obj).__name__} into a config key")
-
-
-def config_hash(obj: Any) -> str:
-    """sha256 of the key-sorted JSON of `obj` (equal to hashing `canonical(obj)`)."""
-    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-# --- loading with good errors -------------------------------------------------------------------
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    """The model classes an annotation can hold (through Optional, tuple[...], list[...], unions)."""
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, tuple, list, dict, typing.Annotated):
-        out = []
-        for arg in typing.get_args(annotation):
-            out.extend(_unwrap(arg))
-        return out
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
-
-
-_ENGINE_TAGS: dict[str, type[BaseModel]] = {"local": EngineSettings, "openai": OpenAIEndpoint}
-
-
-def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the last key of `loc`."""
-    current: type[BaseModel] | None = root
-    for prev, part in zip((None, *loc), loc[:-1], strict=False):
-        if current is None:
-            return None
-        if isinstance(part, int):
-            continue
-        if prev == "engine" and part in _ENGINE_TAGS:  # the kind of engine the entry chose
-            current = _ENGINE_TAGS[part]
-            continue
-        field = current.model_fields.get(part)
-        if field is None:
-            return None
-        candidates = _unwrap(field.annotation)
-        current = candidates[0] if candidates else None
-    return current
-
-
-def _key_path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for prev, part in zip((None, *loc), loc, strict=False):
-        if prev == "engine" and part in _ENGINE_TAGS:
-            continue
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in ("function-after", "function-before") or str(part).startswith("function-"):
-            continue
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def format_validation_error(err: ValidationError, source: str, root: type[BaseModel]) -> str:
-    lines = []
-    errors = [
-        (tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))), e)
-        for e in err.errors()
-    ]
-    for loc, e in errors:
-        path = _key_path(loc)
-        if e["type"] == "too_short" and any(
-            other[: len(loc)] == loc and len(other) > len(loc) for other, _ in errors
-        ):
-            continue  # the list is empty only because its invalid items (reported) were dropped
-        if e["type"] in ("tuple_type", "list_type"):
-            got = type(e.get("input")).__name__
-            lines.append(f"{source}: {path}: expected a list ([a, b] or '- a' lines), got {got}")
-        elif e["type"] in ("model_type", "dict_type"):
-            got = type(e.get("input")).__name__
-            lines.append(f"{source}: {path}: expected a mapping ('key: value' lines), got {got}")
-        elif e["type"] == "too_short":
-            lines.append(f"{source}: {path}: needs at least {e['ctx']['min_length']} item(s)")
-        elif e["type"] == "extra_forbidden":
-            owner = _model_at(root, loc)
-            valid = sorted(owner.model_fields) if owner else []
-            near = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
-            lines.append(f"{source}: {path}: unknown key; {hint}")
-        else:
-            msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{source}: {path}: {msg}")
-    return "\n".join(lines)
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, again: int):
-        super().__init__(f"duplicate key {key!r} (lines {first} and {again}); keep one of them")
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one
-    silently, so a second `train:` block appended to a file would win unnoticed)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` may be overridden
-                continue
-            key = self.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
-            try:
-                first = seen.setdefault(key, line)
-            except TypeError:  # an unhashable key: the base class reports it
-                continue
-            if first != line:
-                raise _DuplicateKey(key, first, line)
-        return super().construct_mapping(node, deep)
-
-
-def read_yaml(path: str | Path) -> Any:
-    """The data of a YAML file (experiment, task, few-shot file): safe tags only, no duplicate keys."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such file; give the path of a YAML file.")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{p}: not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
-    except _DuplicateKey as e:
-        raise UserError(f"{p}: {e}.") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{p}:{where}: malformed YAML: {problem}.") from None
-
-
-def parse(model: type[Strict], data: Any, source: str) -> Any:
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else type(data).__name__
-        raise UserError(f"{source}: expected a mapping of keys at the top level, got {got}.")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        raise UserError(format_validation_error(e, source, model)) from None
-
-
-def _relative_to(exp: Experiment, base: Path) -> Experiment:
-    """`exp` with its relative paths taken against `base`, the experiment file's directory."""
-
-    def under(p: str) -> str:
-        return os.path.normpath(base / Path(p).expanduser())
-
-    def model_path(p: str) -> str:
-        if p.startswith("gguf:") and (p.endswith(".gguf") or p.startswith(("gguf:.", "gguf:~"))):
-            return "gguf:" + under(p.removeprefix("gguf:"))
-        if p.startswith(("./", "../", "~")) or (":" not in p and (base / p).is_dir()):
-            return under(p)
-        return p
-
-    def models_(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
-        return tuple(
-            m if m.path is None else m.model_copy(update={"path": model_path(m.path)})
-            for m in specs
-        )
-
-    train = exp.train
-    if train.accelerate_config is not None:
-        train = train.model_copy(update={"accelerate_config": under(train.accelerate_config)})
-    return exp.model_copy(
-        update={
-            "results_dir": under(exp.results_dir),
-            "data_dir": under(exp.data_dir) if exp.data_dir is not None else None,
-            "task_paths": tuple(under(p) for p in exp.task_paths),
-            "teachers": models_(exp.teachers),
-            "students": models_(exp.students),
-            "train": train,
-        }
-    )
-
-
-def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
-    """Read and validate an experiment YAML; every error is reported at once. Relative paths are
-    resolved against the file's directory (`_relative_to`)."""
-    exp = _relative_to(parse(Experiment, read_yaml(path), str(path)), Path(path).parent)
-    missing = [
-        f"{path}: task_paths[{i}]: no folder {p}; create it or fix the path"
-        for i, p in enumerate(exp.task_paths)
-        if not Path(p).is_dir()
-    ]
-    if missing:
-        raise UserError("\n".join(missing))
-    include_task_paths(exp.task_paths)
-    if check_tasks:
-        known = task_names()
-        problems = []
-        for i, t in enumerate(exp.tasks):
-            if t.name not in known:
-                near = difflib.get_close_matches(t.name, known, n=1, cutoff=0.6)
-                hint = f"did you mean {near[0]!r}?" if near else "see `cotgap ls tasks`"
-                problems.append(f"{path}: tasks[{i}].name: unknown task {t.name!r}; {hint}")
-        if problems:
-            raise UserError("\n".join(problems))
-    return exp

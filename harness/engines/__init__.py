@@ -66,7 +66,9 @@ def load(
     most top log-probabilities a request asks for (Sampling.top_logprobs). A served model
     (engine.kind: openai) gets the OpenAI-compatible client whatever `name` says."""
     if spec.served:
-        return OpenAIEngine(spec, lora_rank=lora_rank, max_loras=max_loras)
+        engine = OpenAIEngine(spec, lora_rank=lora_rank, max_loras=max_loras)
+        engine.emit = emit  # its notes (a long Retry-After) reach the stage's progress
+        return engine
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
     return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs)
@@ -83,10 +85,12 @@ _emit: Callable[[Any], None] | None = None
 _HARNESS_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds `harness/`
 
 
-def emit(event: Any) -> None:
-    """Send `event` (picklable) to the `on_event` callback of the `run_in_child` that runs us."""
+def emit(event: Any) -> bool:
+    """Send `event` (picklable) to the `on_event` callback of the `run_in_child` that runs us;
+    whether there was one."""
     if _emit is not None:
         _emit(event)
+    return _emit is not None
 
 
 def in_request_order(

@@ -8,9 +8,10 @@ in-process engines, sent over HTTP with bounded concurrency, rate limits, retrie
 Each finished request is appended to a JSONL journal in the cell's directory and fsync'ed before
 its samples go on, so a killed run reads it back instead of paying for it again. A request that
 fails (429 / 5xx / timeout / dropped connection / malformed body) is retried with exponential
-backoff and jitter, at least as long as the server's Retry-After says; one that still fails after
-`max_attempts` is journaled as failed with its reason, the others complete, and the stage then
-stops with an error naming it (a re-run asks only for what is missing). The API key is read from
+backoff and jitter, at least as long as the server's Retry-After says (a wait of RETRY_NOTE_S or
+more is said where the run's progress shows); one that still fails after `max_attempts` is
+journaled as failed with its reason, the others complete, and the stage then stops with a user
+error naming it and what to check (a re-run asks only for what is missing). The API key is read from
 the environment variable the entry names and is never written anywhere.
 """
 
@@ -24,9 +25,10 @@ import json
 import os
 import queue
 import random
+import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +48,13 @@ RETRY_STATUS = frozenset({408, 409, 425, 429})  # and every 5xx
 BACKOFF_FIRST_S = 0.5  # the first retry waits about this long, doubling up to BACKOFF_MAX_S
 BACKOFF_MAX_S = 60.0
 RETRY_AFTER_MAX_S = 600.0  # a Retry-After beyond this is taken as this
+RETRY_NOTE_S = 10.0  # a Retry-After this long or longer is said where the run's progress shows
 
 
-class RequestsFailed(RuntimeError):
-    """Some requests failed after every attempt; the others are in the journal."""
+class RequestsFailed(UserError):
+    """Some requests failed after every attempt; the others are in the journal. A user error (exit
+    2, one paragraph): what fixes it is the server or the entry's settings, which the message
+    names."""
 
 
 class Journal:
@@ -57,6 +62,7 @@ class Journal:
 
     def __init__(self) -> None:
         self._fd = -1
+        self.path: Path | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -66,9 +72,13 @@ class Journal:
         self.failed = 0  # requests that failed every attempt
 
     def open(self, path: Path) -> None:
-        """Read `path`'s finished requests (a line cut by a kill is dropped) and append to it."""
+        """Read `path`'s finished requests (a line cut by a kill is dropped) and append to it.
+        The journal open already: nothing to do (what this run added to it is not resumed)."""
+        if self._fd >= 0 and self.path == path.resolve():
+            return
         self.close()
         self._reset()
+        self.path = path.resolve()
         if path.exists():
             data = path.read_bytes()
             whole = data[: data.rfind(b"\n") + 1]
@@ -111,6 +121,7 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self.path = None
 
 
 class RateLimit:
@@ -207,6 +218,8 @@ class OpenAIEngine(Engine):
         self.journal = Journal()
         self.rng = random.Random()
         self._running: tuple | None = None  # (event loop, its main task) while requests run
+        # sends an event to the stage's progress; whether one listens (engines.emit)
+        self.emit: Callable[[dict[str, Any]], bool] | None = None
 
     def _redact(self, text: str) -> str:
         """`text` without the API key (a server may echo it in an error message)."""
@@ -271,6 +284,9 @@ class OpenAIEngine(Engine):
                     if item[1] is not None:
                         raise item[1]
                     break
+                if isinstance(item, tuple) and item[0] == "note":
+                    self._say(item[1])
+                    continue
                 i, record = item
                 if "choices" in record:
                     yield i, _samples(record, sampling)
@@ -285,12 +301,53 @@ class OpenAIEngine(Engine):
             thread.join()
         if failures:
             first = failures[0]
+            reason = " ".join(first["failed"].split())  # one paragraph, whatever the server said
             raise RequestsFailed(
                 f"{len(failures)} of {len(jobs)} requests to model {self.settings.model!r} at "
                 f"{self.settings.base_url} failed after {first['attempts']} attempt(s); first: "
-                f"request {first['id']!r}: {first['failed']}. The {len(jobs) - len(failures)} "
-                "that finished are journaled: re-run to ask only for the rest."
+                f"request {first['id']!r}: {reason}. {self._hint(reason)} The "
+                f"{len(jobs) - len(failures)} that finished are journaled: re-run to ask only "
+                "for the rest."
             )
+
+    def _say(self, note: str) -> None:
+        """A line for the user where the run's progress shows (`emit`), else on stderr."""
+        if not (self.emit and self.emit({"note": note})):
+            print(note, file=sys.stderr, flush=True)
+
+    def _hint(self, reason: str) -> str:
+        """What to check, from the reason the last attempt failed."""
+        s = self.settings
+        status = reason.split(":")[0].removeprefix("HTTP ")
+        if reason.startswith("connection failed"):
+            return (
+                f"Nothing answered at {s.base_url}: is the server running there (engine.base_url)?"
+            )
+        if status in ("401", "403"):
+            where = (
+                f"the key in ${s.api_key_env} (engine.api_key_env)"
+                if s.api_key_env
+                else "engine.api_key_env: it names no key"
+            )
+            return f"The server refused the credentials: check {where}."
+        if status == "404":
+            return (
+                f"Check engine.model (the name the server serves; {s.base_url}/models lists "
+                "them) and engine.base_url (the API root, ending in /v1 for most servers)."
+            )
+        if status == "429":
+            return (
+                "The server kept rate-limiting: lower engine.requests_per_minute, "
+                "tokens_per_minute or max_concurrency, or raise engine.max_attempts."
+            )
+        if reason.startswith("malformed response"):
+            return (
+                f"What {s.base_url} answers is not an OpenAI-compatible response: check "
+                "engine.base_url and engine.endpoint (chat or completions)."
+            )
+        if reason.startswith("timed out"):
+            return "Raise engine.timeout_s or lower max_tokens, or see the server's load."
+        return "See the server's log for the cause."
 
     async def _all(self, jobs: list[tuple], out: queue.Queue, stop: threading.Event) -> None:
         import openai
@@ -305,6 +362,7 @@ class OpenAIEngine(Engine):
             max_retries=0,
         )
         limits = _Limits(s)
+        self._out = out
         self._running = (asyncio.get_running_loop(), asyncio.current_task())
         async with client:
             tasks = [asyncio.create_task(self._one(client, limits, job, stop)) for job in jobs]
@@ -341,7 +399,8 @@ class OpenAIEngine(Engine):
                     if not retry:
                         break
                     error_wait = wait
-                    limits.pause(wait)
+                    if limits.pause(wait) and wait is not None and wait >= RETRY_NOTE_S:
+                        self._out.put(("note", self._waiting(wait, reason)))
                 else:
                     self.served_model = self.served_model or model
                     record = {"key": key, "id": rid, "attempts": attempt, "model": model}
@@ -350,6 +409,14 @@ class OpenAIEngine(Engine):
                 await asyncio.sleep(backoff(attempt, self.rng, error_wait))
         return i, {"key": key, "id": rid, "attempts": len(reasons), "failed": reasons[-1],
                    "retried": reasons}  # fmt: skip
+
+    def _waiting(self, seconds: float, reason: str) -> str:
+        capped = " (its Retry-After, capped)" if seconds >= RETRY_AFTER_MAX_S else ""
+        return (
+            f"model {self.settings.model!r} at {self.settings.base_url}: {reason[:80]}; every "
+            f"request waits {seconds:.0f} s as the server asks{capped}, then tries again "
+            f"(up to engine.max_attempts {self.settings.max_attempts} attempts each)"
+        )
 
     async def _call(self, client: Any, body: dict[str, Any]) -> tuple[list, dict, str]:
         """One attempt: (choices, usage, the reported model) or an exception."""
@@ -434,10 +501,15 @@ class _Limits:
         self.tpm = RateLimit(s.tokens_per_minute) if s.tokens_per_minute else None
         self.not_before = 0.0  # monotonic time before which no request is sent
 
-    def pause(self, seconds: float | None) -> None:
-        """A 429's Retry-After holds back every request, not only the one that got it."""
-        if seconds:
-            self.not_before = max(self.not_before, time.monotonic() + seconds)
+    def pause(self, seconds: float | None) -> bool:
+        """A 429's Retry-After holds back every request, not only the one that got it. Whether
+        it holds them longer than they were held already (by a second or more)."""
+        if not seconds:
+            return False
+        until = time.monotonic() + seconds
+        longer = until > self.not_before + 1.0
+        self.not_before = max(self.not_before, until)
+        return longer
 
     @contextlib.asynccontextmanager
     async def slot(self, body: dict[str, Any]) -> Any:

@@ -175,7 +175,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
 
     grid = grids.expand(exp)
     cells = sorted(grid.unique(), key=lambda c: c.phase)
-    todo = missing(store, cells)
+    empty = schedule.left_empty(store, cells)
+    todo = [c for c in missing(store, cells) if c.key not in empty]
     console = progress.console()
     here = bool(devices.node_gpus())
     title = (
@@ -184,7 +185,7 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     if every_cell or len(cells) <= 200:
         table = Table("#", "phase", "stage", "cell", "key", "state", "needs", title=title)
         for i, c in enumerate(cells, 1):
-            state = "to run" if c in todo else "complete"
+            state = "to run" if c in todo else "no training set" if c.key in empty else "complete"
             table.add_row(
                 str(i), str(c.phase), c.stage, c.label, c.key, state, _needs(exp, c, here)
             )
@@ -206,6 +207,11 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
     kinds = [k for k in KINDS if any(c.kind == k for c in cells)]
     counts = {k: sum(1 for c in todo if c.kind == k) for k in kinds}
     console.print(f"to run: {len(todo)} of {len(cells)} cells {counts}")
+    if empty:
+        console.print(
+            f"not run: {len(empty)} cells downstream of a training set left empty (its teacher "
+            "gave no usable trace): nothing to train on"
+        )
     for k, v in estimate(exp, todo).items():
         console.print(f"  {k}: {v:,.0f}")
     console.print(replicates_line(exp))
@@ -226,11 +232,24 @@ def replicates_line(exp: Experiment) -> str:
     draws, seeds, reps = exp.generate.trace_seeds, exp.train.seeds, exp.replicates()
     source = "generate.seeds" if exp.generate.seeds is not None else "generate.seed"
     how = f"{exp.train.replicates}: " if len(draws) > 1 and len(seeds) > 1 else ""
-    return (
-        f"replicates per teacher: {len(reps)} ({how}{len(draws)} trace draw(s), {source} "
-        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
-        f"{', '.join(map(str, seeds))}) for each (task, student, regime)"
+    units = replicate_units(exp)
+    counted = (
+        f"; {len(reps)} adapters, the rule counts each trace draw once, its training seeds averaged"
+        if units != len(reps)
+        else ""
     )
+    return (
+        f"replicates per teacher: {units} ({how}{len(draws)} trace draw(s), {source} "
+        f"{', '.join(map(str, draws))}; {len(seeds)} training seed(s), train.seeds "
+        f"{', '.join(map(str, seeds))}{counted}) for each (task, student, regime)"
+    )
+
+
+def replicate_units(exp: Experiment) -> int:
+    """The replicates the report's rule counts per teacher (teacher_level.replicate_units): the
+    trace draws, each with its training seeds averaged; with one draw, its training seeds."""
+    draws = exp.generate.trace_seeds
+    return len(draws) if len(draws) > 1 else len(exp.train.seeds)
 
 
 def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
@@ -311,29 +330,33 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     difference between two teachers, that the report's own rule (harness/stats/teacher_level.py) calls
     `better` with power 0.8, at this grid's test items, teachers and replicates, with a
     replicate SD of analysis.replicate_sd (a prior until replicates have run); against the
-    measured baseline of each student, else a 50% one. A warning when the design cannot reach
-    analysis.effect_of_interest, and the replicates that would."""
+    measured baseline of each student, else a 50% one. How often the baseline and a distilled
+    student agree on an item (`teacher_level.concordance`) is taken as measured in the last
+    analysis, else as no more than chance, the least favourable case, so the MDE never
+    overstates power. A warning when the design cannot reach analysis.effect_of_interest, and
+    the replicates that would."""
     from harness.stats import teacher_level
 
     a = exp.analysis
     sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
     effect = a.effect_of_interest
-    draws = exp.generate.trace_seeds
-    # the rule's replicate unit: a trace draw (its training seeds averaged), else a training seed
-    reps = len(draws) if len(draws) > 1 else len(exp.train.seeds)
+    reps = replicate_units(exp)
     m = len(exp.teachers)
     prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
+    concordances = _concordances(exp)
     designs: dict[tuple[str, int, float | None, float], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
         n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
         base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
         sd = measured.get((task, student), math.nan)
-        designs.setdefault((task, n, base, sd), []).append(student)
+        conc = concordances.get((task, student), 0.0)
+        designs.setdefault((task, n, base, sd, conc), []).append(student)
     lines = [
         f"minimum detectable effects under the report's rule (alpha {1 - a.ci:g}, power 0.8, "
-        f"{m} teacher(s), {reps} replicate(s) each, replicate SD as measured in the last "
-        f"analysis, else {a.replicate_sd:g} pts assumed; effect of interest {effect:g} pts):"
+        f"{m} teacher(s), {reps} replicate(s) each, between-replicate SD as measured in the last "
+        f"analysis, else {a.replicate_sd:g} pts assumed; item concordance of baseline and "
+        f"distilled student as measured, else none assumed; effect of interest {effect:g} pts):"
     ]
     if reps < a.min_replicates:
         lines.append(
@@ -342,7 +365,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             f"{a.min_replicates} replicates:"
         )
     planned = max(reps, a.min_replicates)
-    for (task, n, base, sd), students in designs.items():
+    for (task, n, base, sd, conc), students in designs.items():
         who = f"  {task} / {', '.join(students)}"
         sd_text = "assumed" if math.isnan(sd) else "measured"
         sd = prior if math.isnan(sd) else sd
@@ -351,34 +374,53 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             continue
         source = "not measured yet, assumed" if base is None else "measured"
         base = _UNMEASURED_BASE if base is None else float(base)
-        gain = teacher_level.minimum_detectable_gain(n, base, planned, sd, m, 1 - a.ci, sims=500)
+        gain = teacher_level.minimum_detectable_gain(
+            n, base, planned, sd, m, 1 - a.ci, concordance=conc, sims=500
+        )
         diff = teacher_level.minimum_detectable_difference(
-            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, sims=500
+            n, _UNMEASURED_BASE, planned, sd, m, 1 - a.ci, concordance=conc, sims=500
         )
         line = (
-            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), replicate SD "
-            f"{100 * sd:.1f} pts ({sd_text}): gain {_pts(gain)}, teacher vs teacher {_pts(diff)}"
+            f"{who}: {n} test items, baseline {100 * base:.1f}% ({source}), between-replicate SD "
+            f"{100 * sd:.1f} pts ({sd_text}), concordance {conc:.2f}: gain {_pts(gain)}, "
+            f"teacher vs teacher {_pts(diff)}"
         )
         if math.isnan(gain) or gain * 100 > effect:
             line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
-            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100)
+            more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100, conc)
             line += f" ({more})" if more else ""
         lines.append(line)
     return lines
 
 
-def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
-    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
-    analysis (teachers with >= 2 replicates, any regime)."""
+def _last_groups(exp: Experiment) -> list[dict]:
+    """The groups of the last analysis (analysis.json), or none."""
     import json
 
     path = exp.root / "analysis" / "analysis.json"
-    out: dict[tuple[str, str], float] = {}
     try:
-        groups = json.loads(path.read_text(encoding="utf-8")).get("groups") or []
+        return json.loads(path.read_text(encoding="utf-8")).get("groups") or []
     except (OSError, ValueError):
-        return out
-    for g in groups:
+        return []
+
+
+def _concordances(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the smallest item concordance of baseline and distilled students
+    measured in the last analysis (any regime)."""
+    out: dict[tuple[str, str], float] = {}
+    for g in _last_groups(exp):
+        c = ((g.get("decision") or {}).get("mde") or {}).get("concordance")
+        if c is not None and not math.isnan(c):
+            key = (g["task"], g["student"])
+            out[key] = min(out.get(key, 1.0), float(c))
+    return out
+
+
+def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
+    """Per (task, student): the largest between-replicate SD of post accuracy measured in the last
+    analysis (teachers with >= 2 replicates, any regime)."""
+    out: dict[tuple[str, str], float] = {}
+    for g in _last_groups(exp):
         for t in (g.get("decision") or {}).get("teachers", []):
             if t.get("n_replicates", 0) >= 2 and t.get("rep_sd") is not None:
                 key = (g["task"], g["student"])
@@ -390,12 +432,15 @@ def _pts(x: float) -> str:
     return "out of reach" if math.isnan(x) else f"{100 * x:.1f} pts"
 
 
-def _replicates_for(n: int, base: float, sd: float, m: int, alpha: float, effect: float) -> str:
+def _replicates_for(
+    n: int, base: float, sd: float, m: int, alpha: float, effect: float, conc: float
+) -> str:
     """The fewest replicates (up to 20) at which the rule detects `effect` at these items."""
     from harness.stats import teacher_level
 
     def reaches(r: int) -> bool:
-        return teacher_level.gain_power(n, base, effect, r, sd, m, alpha, sims=500) >= 0.8
+        power = teacher_level.gain_power(n, base, effect, r, sd, m, alpha, conc, sims=500)
+        return power >= 0.8
 
     if not reaches(20):
         return "20 replicates do not reach it at these test items"
@@ -468,7 +513,7 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             lines.append(f"  {stage}: {hours[stage]:,.1f}")
     lines.append(f"  total: {sum(hours.values()):,.1f}")
     for model, cost in estimate.served_cost(exp, tokens).items():
-        price = "no price in estimate.prices" if cost != cost else f"at most {cost:,.2f}"
+        price = "no price in costs.prices" if cost != cost else f"at most {cost:,.2f}"
         lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
     return lines
 

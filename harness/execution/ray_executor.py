@@ -15,7 +15,8 @@ import sys
 import time
 from typing import Any
 
-from harness.config.schema import Experiment, include_task_paths, task_dirs
+from harness.config.schema import Experiment
+from harness.config.task_paths import include_task_paths, task_dirs
 from harness.errors import UserError
 from harness.execution import schedule
 from harness.store import Store

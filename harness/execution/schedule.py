@@ -25,7 +25,6 @@ line, with the run's id) and said in the log; tests and tools read the events, n
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import threading
@@ -41,14 +40,21 @@ from harness.store import Store
 from harness.workflow.cells import PHASES, STAGE_OF_KIND, STAGES, Cell
 from harness.workflow.grid import Gate
 
-STAGE_TABLE = {  # cell kind -> the stage function computing a group of its cells
-    "traces": "harness.stages.generate:run",
-    "eval": "harness.stages.evaluate:run",
-    "dataset": "harness.stages.dataset:run",
-    "screen": "harness.stages.screen:run",
-    "adapter": "harness.stages.train:run",
-}
 StageFn = Callable[[Experiment, Store, list[Cell]], Any]
+
+
+def _stage_table() -> dict[str, StageFn]:
+    """Cell kind -> the stage function computing a group of its cells. The stages are imported
+    here, when a group first runs, so that planning imports no stage, engine or torch."""
+    from harness.stages import dataset, evaluate, generate, screen, train
+
+    return {
+        "traces": generate.run,
+        "eval": evaluate.run,
+        "dataset": dataset.run,
+        "screen": screen.run,
+        "adapter": train.run,
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +166,18 @@ def needs(c: Cell, gates: Mapping[str, Gate] | None) -> tuple[str, ...]:
 def empty_dataset(store: Store, key: str) -> bool:
     manifest = store.manifest("dataset", key)
     return bool(manifest) and manifest["summary"].get("n_examples") == 0
+
+
+def left_empty(store: Store, cells: Iterable[Cell]) -> set[str]:
+    """Keys of the cells a run skips because a training set they need is complete and empty: an
+    adapter whose dataset (or aligned budget's reference set) has no example, and every cell
+    downstream of one (as `Schedule._skip` decides). They are never computed, so never "to run"."""
+    out: set[str] = set()
+    for c in sorted(cells, key=lambda c: c.phase):
+        empty = c.kind == "adapter" and any(empty_dataset(store, u) for u in c.upstream)
+        if empty or any(u in out for u in c.upstream):
+            out.add(c.key)
+    return out
 
 
 class Schedule:
@@ -380,17 +398,13 @@ def _group(cells: list[Cell], share_workers: bool) -> list[Group]:
     return [Group(kind, tuple(g)) for (_, kind, _), g in groups.items()]
 
 
-def stage_function(kind: str, table: Mapping[str, str | StageFn] | None = None) -> StageFn:
-    """The stage function of a kind, imported when first needed (planning imports no stage)."""
-    fn = (table or STAGE_TABLE)[kind]
-    if callable(fn):
-        return fn
-    module, name = fn.split(":")
-    return getattr(importlib.import_module(module), name)
+def stage_function(kind: str, table: Mapping[str, StageFn] | None = None) -> StageFn:
+    """The stage function of a kind: from `table` where given (tests), else the stages'."""
+    return (table or _stage_table())[kind]
 
 
 def run_group(
-    exp: Experiment, store: Store, group: Group, table: Mapping[str, str | StageFn] | None = None
+    exp: Experiment, store: Store, group: Group, table: Mapping[str, StageFn] | None = None
 ) -> None:
     todo = [c for c in group.cells if not store.complete(c.kind, c.key)]
     if todo:
@@ -401,7 +415,7 @@ def run_local(
     exp: Experiment,
     store: Store,
     sched: Schedule,
-    table: Mapping[str, str | StageFn] | None = None,
+    table: Mapping[str, StageFn] | None = None,
 ) -> dict[str, int]:
     """Compute the schedule's work in this process's children, phase by phase. On a node with
     several GPUs the ready groups run at once, each on the GPUs its model asks for
@@ -432,7 +446,7 @@ def _run_on_gpus(
     sched: Schedule,
     groups: list[Group],
     gpus: Any,
-    table: Mapping[str, str | StageFn] | None,
+    table: Mapping[str, StageFn] | None,
 ) -> None:
     """Run groups at once, each in a thread holding the GPUs its cells ask for (the most any of
     its cells asks); a group waits until its GPUs are free. The schedule is updated from this

@@ -147,12 +147,12 @@ def _served_dir(spec: ModelSpec) -> str:
     return _local_source(spec).resolve(spec)
 
 
-def _local_source(spec: ModelSpec) -> Source:
+def _local_source(spec: ModelSpec) -> ModelSource:
     """Where a served model's `path` points (its tokenizer): the source it would have unserved."""
     return next(src for name, src in SOURCES.items() if name != "served" and src.matches(spec))
 
 
-class Source(NamedTuple):
+class ModelSource(NamedTuple):
     matches: Callable[[ModelSpec], bool]
     identity: Callable[[ModelSpec], dict[str, Any]]  # what names the weights in cell keys
     resolve: Callable[[ModelSpec], str]  # the local directory, converted or downloaded first
@@ -160,22 +160,24 @@ class Source(NamedTuple):
 
 
 # The first that matches wins.
-SOURCES: dict[str, Source] = {
-    "served": Source(lambda s: s.served, _served_id, _served_dir, True),
-    "sandbox": Source(lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True),
-    "gguf": Source(
+SOURCES: dict[str, ModelSource] = {
+    "served": ModelSource(lambda s: s.served, _served_id, _served_dir, True),
+    "sandbox": ModelSource(
+        lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True
+    ),
+    "gguf": ModelSource(
         lambda s: s.path.startswith(gguf.PREFIX),
         lambda s: {"gguf": gguf.provenance(*_gguf_ref(s))},
         lambda s: str(gguf.convert(*_gguf_ref(s))),
         True,
     ),
-    "local": Source(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
-    "missing": Source(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
-    "hub": Source(lambda s: True, _hub_id, _hub_dir, False),
+    "local": ModelSource(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
+    "missing": ModelSource(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
+    "hub": ModelSource(lambda s: True, _hub_id, _hub_dir, False),
 }
 
 
-def source(spec: ModelSpec) -> Source:
+def source(spec: ModelSpec) -> ModelSource:
     return next(src for src in SOURCES.values() if src.matches(spec))
 
 

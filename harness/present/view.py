@@ -45,7 +45,7 @@ def flip(base: bool, post: bool) -> str:
 def resolve_root(target: Path) -> tuple[Path, str | None]:
     """The results directory (`<results_dir>/<name>`) and data dir from a YAML or a directory."""
     if target.is_file():
-        from harness.config.schema import load_experiment
+        from harness.config.loading import load_experiment
 
         exp = load_experiment(target)
         return exp.root, exp.data_dir
@@ -542,7 +542,7 @@ document.getElementById("meta").textContent =
 function answers() {
   const t = document.getElementById("answers"), A = IX.answers;
   if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
-  const show = ["task","student","regime","base_acc","answer","distill","teacher","gain","gain_low","gain_high","best_set","n_replicates"];
+  const show = ["task","student","regime","base_acc","answer","distill","teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"];
   const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
   t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, c))));
   for (const r of A.rows)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config.schema import config_hash
+from harness.config.hashing import config_hash
 from harness.errors import UserError
 from harness.sandbox import tasks
 from harness.sandbox.tokenizer import ASSISTANT, END, PAD, USER, make_tokenizer, vocab

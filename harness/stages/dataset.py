@@ -34,7 +34,7 @@ def _traces(exp: Experiment, store: Store, cell: Dataset) -> tuple[dict[str, lis
         if scoring.rescore_due(store.manifest("traces", key).get("summary") or {}):
             out[key], rescored = _usable(scoring.rescore_cell(d, exp.data_dir)), rescored + 1
         else:
-            out[key] = _usable(read_jsonl(d / "traces.jsonl"))
+            out[key] = _usable(read_jsonl(store.output("traces", key, "traces.jsonl")))
     return out, rescored
 
 

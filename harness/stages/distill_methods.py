@@ -1,5 +1,5 @@
 """Distillation methods beyond SFT: their losses, the teacher's stored top-k distributions, and
-the student's on-policy samples. The train stage (harness/stages/train.py) calls these per micro-batch.
+the student's on-policy samples. The training worker (harness/stages/train_worker.py) calls these per micro-batch.
 
     kd         (1 - w) * CE + w * KL(teacher || student) on the teacher's traces, the teacher's
                distribution known only on its top k tokens of each position (captured when the

@@ -1,6 +1,6 @@
 """How a student sees a training example: its tokenizer, prompt + completion as token ids (the
 prompt rendered as evaluation renders it), and a padded batch with the loss on the completion.
-Shared by the training sets (harness/stages/dataset.py), training (harness/stages/train.py) and the screen
+Shared by the training sets (harness/stages/dataset.py), training (harness/stages/train_worker.py) and the screen
 (harness/stages/screen.py), which must agree token for token."""
 
 from __future__ import annotations

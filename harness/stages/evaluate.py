@@ -30,15 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from harness import engines
-from harness.config.schema import AnalysisConfig, Experiment, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.engines import Engine, Sampling
 from harness.engines.base import adapter_rank
 from harness.errors import UserError
 from harness.stages.generate import (
     CHUNK_SEQS,
     JOURNAL,
+    engine_provenance,
     journal_to,
-    provenance,
     requests,
     served_usage,
     task_items,
@@ -88,6 +89,8 @@ def served_by(store: Store, cell: Any) -> tuple[str | None, str | None]:
         return None, str(d / "adapter")
     if store.complete("adapter", key) and (d / "merged" / "config.json").is_file():
         return str(d / "merged"), None
+    if store.complete("adapter", key):  # complete without its weights: damaged since
+        store.output("adapter", key, "adapter/adapter_config.json")
     raise UserError(
         f"{cell.label}: its adapter cell adapter/{key} is not complete ({d}); "
         "run `cotgap train` (or `cotgap run`) first."
@@ -307,7 +310,7 @@ def _finish(exp: Experiment, job: _Job, engine: Engine, session_id: str, shared:
             "name": engine.name,
             "version": engine.version(),
             "session": session_id,
-            **provenance(engine),
+            **engine_provenance(engine),
         },
         resumed_items=job.resumed,
         generated_tokens=job.tokens,

@@ -300,7 +300,7 @@ def _generate_items(
         "resumed_items": resumed // n,
         "tokens": sum(r["completion_tokens"] for r in records[resumed:]),
         "gen_s": gen_s,
-        "engine": {"name": engine.name, "version": engine.version(), **provenance(engine)},
+        "engine": {"name": engine.name, "version": engine.version(), **engine_provenance(engine)},
         "usage": served_usage(engine),
     }
 
@@ -353,7 +353,7 @@ def _pack_topk(cell_dir: Path, k: int) -> dict[str, Any]:
     return {"top_logprobs": k, "topk_bytes": size}
 
 
-def provenance(engine: Engine) -> dict[str, Any]:
+def engine_provenance(engine: Engine) -> dict[str, Any]:
     """What a served model's engine says about where its samples came from (none in-process)."""
     return engine.provenance() if hasattr(engine, "provenance") else {}
 

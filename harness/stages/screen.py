@@ -159,7 +159,7 @@ def screen_cell(
     with store.open_cell("screen", cell.key, cell.config, cell.upstream) as out:
         began = time.perf_counter()
         every = read_jsonl(ds_dir / "examples.jsonl")
-        records = sample(every, cell.config.get("max_examples"))
+        records = subsample(every, cell.config.get("max_examples"))
         texts = [(r["prompt"], r["completion"]) for r in records]
         new = [i for i, t in enumerate(texts) if t not in known]
         data = [encode(tok, *texts[i], chat) for i in new]
@@ -235,7 +235,7 @@ def local_nll(
     return [_mean(v) for v in out]
 
 
-def sample(records: list[dict], k: int | None) -> list[dict]:
+def subsample(records: list[dict], k: int | None) -> list[dict]:
     """`k` of the records (seeded, in their order), or all of them."""
     if k is None or k >= len(records):
         return records

@@ -6,7 +6,7 @@ its paired bootstrap CI over test items and an exact McNemar p-value; these desc
 adapter, never a teacher: verdicts about teachers come from harness/stats/teacher_level.py.
 
     .venv/bin/python -c "from harness.stats.adapters import paired_bootstrap; print(paired_bootstrap([0, 1, 0, 1], [1, 1, 1, 0]))"
-    .venv/bin/pytest tests/test_stats.py
+    .venv/bin/pytest tests/unit/stats/test_adapters.py
 """
 
 from __future__ import annotations
@@ -40,14 +40,6 @@ class Correlation(NamedTuple):
 
 
 _NAN_CORRELATION = Correlation(math.nan, math.nan, math.nan, math.nan)
-
-
-def accuracy_ci(
-    correct: ArrayLike, ci: float = 0.95, n_resamples: int = 2000, seed: int = 0
-) -> Interval:
-    """Accuracy of a 0/1 correctness vector with a percentile bootstrap CI over items."""
-    x = _correctness(correct, "correct")
-    return _mean_ci(x.astype(np.int8), ci, n_resamples, seed)
 
 
 def paired_bootstrap(

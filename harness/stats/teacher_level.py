@@ -14,11 +14,11 @@ accuracies, and its variance has an item part and a replicate part:
           + sigma2_rep(A) / R_A + sigma2_rep(B) / R_B
 
 with sigma2_rep the between-replicate variance of an arm's accuracy, estimated by the
-method of moments of the balanced two-way (replicates x items) layout, (MS_rep - MS_res) / n,
-kept signed; the item part already holds the item-by-replicate noise, so nothing is counted
-twice: the sum is the textbook variance of a grand mean in a crossed random-effects design
-(items, replicates, residual). The mean squares are pooled over the group's teachers unless
-Bartlett's test says their spreads differ (`_total` has the reason).
+method of moments of the balanced two-way (replicates x items) layout, (MS_rep - MS_res) / n;
+the item part already holds the item-by-replicate noise, so nothing is counted twice: the sum is
+the textbook variance of a grand mean in a crossed random-effects design (items, replicates,
+residual). Each arm's MS_rep is its own, or the group's typical (median) one where that is
+larger, with the df of the one used (`_total` has the reason: robust to one erratic teacher, no pre-test).
 
 Near 0% and 100% a Wald interval collapses (an accuracy of 1/50 has an item variance estimate of
 almost nothing), so the item part is taken after the Bonett-Price adjustment: one pseudo-item
@@ -27,17 +27,20 @@ discordant each way for a difference, two correct and two wrong pseudo-items for
 0/1 data these are exactly the Bonett-Price and Agresti-Coull intervals. The critical value is
 Student's t with Satterthwaite degrees of freedom of the whole sum.
 
-Every comparison ends in one word. The multiplicity family is the decision group: with `alpha`
-and the group's m teachers, all m teacher-vs-baseline and m(m-1)/2 teacher-vs-teacher intervals
-are Bonferroni-adjusted to 1 - alpha / (m + m(m-1)/2); a comparison is
+Every comparison ends in one word. The multiplicity family is the decision group: its m
+teacher-vs-baseline and m(m-1)/2 teacher-vs-teacher intervals are simultaneous, one single-step
+max-t family (`simultaneous_tail`: the contrasts' correlation counted, unlike Bonferroni); a
+comparison is
 
-    better / worse   the adjusted interval excludes 0,
-    equivalent       the adjusted interval lies inside +-effect (the effect of interest),
+    better / worse   the simultaneous interval excludes 0,
+    equivalent       it lies inside +-effect (the effect of interest),
     inconclusive     otherwise, and always when an arm has fewer replicates than
                      analysis.min_replicates (exploratory).
 
-The confidence set for the best teacher holds every teacher that no other teacher is `better`
-than; it misses the true best only when a pairwise interval errs (at most alpha).
+The confidence set for the best teacher is Hsu's multiple comparisons with the best (`_best_set`):
+it misses the true best with probability at most alpha, so a wrong teacher is named at most that
+often. "none" is an intersection-union test at alpha (`_answer`). `decide_group` says which
+procedure answers which question.
 Hand-written rather than statsmodels' MixedLM: the balanced crossed layout has this closed form
 (microseconds for thousands of items), while a likelihood fit of crossed random effects on 0/1
 outcomes is slow, often fails to converge at the boundary (sigma2_rep = 0, the usual case with
@@ -46,6 +49,7 @@ few replicates), and gives no small-sample correction.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -99,47 +103,30 @@ def mean_squares(units: ArrayLike) -> tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class Pooled:
-    """Mean squares pooled over a group's replicated arms (same student, task and regime), and
-    whether the arms' replicate spreads are compatible with one variance (elementwise)."""
+    """A group's typical replicate mean squares (same student, task and regime): the floor under
+    each arm's own replicate variance (`_total`); df may be arrays."""
 
     ms_rep: Any
     ms_res: Any
     df_rep: Any
     df_res: Any
-    homogeneous: Any = True
 
 
 def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
-    """Pool the mean squares of the arms with at least 2 replicates, each (..., R_t, n), with
-    Bartlett's test of equal MS_rep across them (see `_total`)."""
+    """The group's typical mean squares over the arms with at least 2 replicates, each
+    (..., R_t, n): the median of their MS_rep, so one erratic arm does not move it, with
+    floor(k / 2) (R - 1) degrees of freedom for k arms of R replicates (a median of k estimates
+    carries about the information of half of them; fewer df is the safe side); MS_res pooled."""
     rep = [np.asarray(u, dtype=float) for u in arms_units if u.shape[-2] > 1]
     if not rep:
         return None
     n = rep[0].shape[-1]
     ms = [mean_squares(u) for u in rep]
     dfs = [u.shape[-2] - 1 for u in rep]
-    df_rep = sum(dfs)
-    ms_rep = sum(d * m for d, (m, _) in zip(dfs, ms, strict=True)) / df_rep
-    ms_res = sum(d * r for d, (_, r) in zip(dfs, ms, strict=True)) / df_rep
-    homogeneous = _bartlett_accepts([m for m, _ in ms], dfs, ms_rep)
-    return Pooled(ms_rep, ms_res, df_rep, df_rep * (n - 1), homogeneous)
-
-
-def _bartlett_accepts(variances: Sequence[Any], dfs: Sequence[int], pooled: Any) -> Any:
-    """Bartlett's test of equal variances from the variances and their degrees of freedom
-    (scipy's `bartlett` takes raw samples, not mean squares): True where it does not reject at
-    5%. A variance of exactly 0 next to a positive one rejects."""
-    k = len(variances)
-    if k < 2:
-        return np.ones(np.shape(pooled), dtype=bool)
-    total = sum(dfs)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = [np.log(np.asarray(v, dtype=float)) for v in variances]
-        stat = total * np.log(pooled) - sum(d * lg for d, lg in zip(dfs, logs, strict=True))
-    stat = stat / (1 + (sum(1 / d for d in dfs) - 1 / total) / (3 * (k - 1)))
-    all_zero = np.asarray(pooled) <= 0
-    stat = np.where(all_zero, 0.0, np.nan_to_num(stat, nan=np.inf, posinf=np.inf))
-    return stat <= stats.chi2.ppf(0.95, k - 1)
+    ms_rep = np.median(np.stack([np.asarray(m) for m, _ in ms]), axis=0)
+    ms_res = sum(d * r for d, (_, r) in zip(dfs, ms, strict=True)) / sum(dfs)
+    df_rep = max(len(rep) // 2, 1) * min(dfs)
+    return Pooled(ms_rep, ms_res, df_rep, sum(dfs) * (n - 1))
 
 
 def replicate_variance(units: ArrayLike) -> Any:
@@ -222,76 +209,101 @@ def contrast(
 
     `d`: per-item differences (..., n) of the arms' replicate-averaged scores; `rep_units`: the
     replicate units (..., R, n) of each arm that has replicates; `pooled`: the group's mean
-    squares. Returns centre, se, df and the half-width.
+    squares, a floor under each arm's own (see `_total`). Returns centre, se, df and the
+    half-width.
 
     The item part is taken after the Bonett-Price adjustment: one pseudo-item discordant each way
     on the scale of one adapter's 0/1 scores, so of weight 1/R on replicate means. It already
     holds the item-by-replicate noise of the means, so the replicate part is the between-replicate
     variance only (see `replicate_parts`)."""
+    centre, se, df = _contrast_stats(d, rep_units, pooled)
+    q = stats.t.ppf(0.5 + np.asarray(level) / 2, df)
+    with np.errstate(invalid="ignore"):  # a simulated arm all right or all wrong: se 0
+        return centre, se, df, np.where(se > 0, q * se, 0.0)
+
+
+def _contrast_stats(
+    d: np.ndarray, rep_units: Sequence[np.ndarray], pooled: Pooled | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(centre, se, df) of a difference, before any critical value (see `contrast`)."""
     n = d.shape[-1]
     w = 1.0 / max([u.shape[-2] for u in rep_units], default=1)
     m = n + 2 * w
     centre = d.sum(axis=-1) / m
     item_var = np.maximum(((d * d).sum(axis=-1) + 2 * w) / m - centre * centre, 0.0) / m
     var, df = _total([(item_var, n - 1)], rep_units, pooled)
-    se = np.sqrt(var)
-    q = stats.t.ppf(0.5 + np.asarray(level) / 2, df)
-    return centre, se, df, q * se
+    return centre, np.sqrt(var), df
+
+
+def own_mean_squares(units: np.ndarray, pooled: Pooled | None) -> Pooled:
+    """An arm's replicate mean squares as the rule uses them: its own MS_rep (R - 1 df), or the
+    group's typical one (`pool`, with its df) where that is larger; its own MS_res."""
+    ms_rep, ms_res = mean_squares(units)
+    r, n = units.shape[-2:]
+    df_rep = np.full(np.shape(ms_rep), float(r - 1))
+    if pooled is not None:
+        use = np.asarray(pooled.ms_rep) > ms_rep
+        ms_rep = np.where(use, pooled.ms_rep, ms_rep)
+        df_rep = np.where(use, pooled.df_rep, df_rep)
+    return Pooled(ms_rep, ms_res, df_rep, (r - 1) * (n - 1))
 
 
 def _total(
     parts: list[tuple[Any, Any]], rep_units: Sequence[np.ndarray], pooled: Pooled | None
 ) -> tuple[Any, Any]:
-    """(variance, Satterthwaite df) of the item part plus the replicated arms' parts.
+    """(variance, Welch-Satterthwaite df) of the item part plus each replicated arm's part.
 
-    Pooling the teachers of a group (same student, task and regime) gives the between-replicate
-    variance sum(R_t - 1) degrees of freedom instead of R - 1: a 2-df estimate from three
-    replicates is small in a share of runs, and Bonferroni-adjusted intervals built on it give
-    5-9% family-wise error where the pooled one stays near 4% (benchmarks/README.md). Pooling
-    assumes one replicate variance for the group, so it is checked first (Bartlett's test of
-    the arms' MS_rep): where the spreads differ, every arm keeps its own estimate, and a teacher
-    whose replicates disagree is never made to look as steady as its neighbours, nor a steady
-    one as erratic.
-
-    Arms on the pooled estimate share one component (their weights summed), not one each: they
-    are one estimate, not independent ones. Elementwise over the simulations' leading axes."""
+    Each arm's between-replicate part is the larger of its own estimate (R - 1 df) and the
+    group's typical one (`pool`: the median over its arms), with the df of the one used; no
+    pre-test. One erratic teacher (three times the others' seed SD) keeps its own, larger
+    variance, where pooling would give it a share of its steady neighbours' (and Bartlett's
+    pre-test misses it in most groups of three replicates); a steady teacher never gets a
+    smaller variance than the group's typical one, so the 2-df noise of its own estimate cannot
+    shrink its interval, and the median keeps the erratic teacher's spread out of its steady
+    neighbours' intervals (with a pooled mean as the floor they lose most of their power).
+    Pooled alone breaks the error rates with one erratic teacher; each arm's own alone, signed,
+    breaks them at three replicates (benchmarks/README.md measures all three). Elementwise over
+    the simulations' leading axes."""
     out = list(parts)
-    use = np.asarray(False if pooled is None else pooled.homogeneous, dtype=bool)
-    if pooled is not None and rep_units:
-        weight = sum(1 / u.shape[-2] for u in rep_units) * use
-        out += replicate_parts(pooled, weight, rep_units[0].shape[-1])
     for units in rep_units:
-        own = pool([units])
-        out += replicate_parts(own, (1 / units.shape[-2]) * ~use, units.shape[-1])
+        out += replicate_parts(
+            own_mean_squares(units, pooled), 1 / units.shape[-2], units.shape[-1]
+        )
     return np.maximum(sum(v for v, _ in out), 0.0), satterthwaite(out)
 
 
-def replicate_parts(pooled: Pooled | None, weight: Any, n: int) -> list[tuple[Any, Any]]:
+def replicate_parts(ms: Pooled | None, weight: Any, n: int) -> list[tuple[Any, Any]]:
     """weight * s2_rep as two signed variance components, weight * MS_rep / n and
-    -weight * MS_res / n, with their degrees of freedom (weight: 1/R, or the sum of 1/R of the
-    arms sharing one estimate; 0 where it is not the one used). Kept signed: truncating an estimate from a few replicates at 0
-    biases the variance up, and the interval over-covers; the Satterthwaite degrees of freedom
-    of the whole sum account for the negative part."""
-    if pooled is None or np.all(np.asarray(weight) == 0):
+    -weight * MS_res / n, with their degrees of freedom (weight: 1/R of the arm); the item part
+    already holds MS_res / (n R), so nothing is counted twice."""
+    if ms is None or np.all(np.asarray(weight) == 0):
         return []
-    return [
-        (weight * pooled.ms_rep / n, pooled.df_rep),
-        (-weight * pooled.ms_res / n, pooled.df_res),
-    ]
+    return [(weight * ms.ms_rep / n, ms.df_rep), (-weight * ms.ms_res / n, ms.df_res)]
 
 
 def difference(a: Arm, b: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estimate:
     """Accuracy of arm `a` minus arm `b` on the same items, with the rule's interval at `level`;
     `pooled`: the group's mean squares (default: pooled over `a` and `b`)."""
+    centre, se, df = _difference_stats(a, b, pooled)
+    return _interval(a.accuracy - b.accuracy, centre, se, df, level)
+
+
+def _difference_stats(a: Arm, b: Arm, pooled: Pooled | None) -> tuple[float, float, float]:
     n = a.units.shape[1]
     if b.units.shape[1] != n:
         raise ValueError(f"arms must score the same items: {n} and {b.units.shape[1]}")
     d = a.units.mean(axis=0) - b.units.mean(axis=0)
-    reps = [x for x in (a, b) if not x.fixed and x.n_replicates > 1]
+    reps = [x.units for x in (a, b) if not x.fixed and x.n_replicates > 1]
     if pooled is None:
-        pooled = pool([x.units for x in reps])
-    centre, se, df, half = (float(v) for v in contrast(d, [x.units for x in reps], pooled, level))
-    est = _estimate(a.accuracy - b.accuracy, centre, half, level, se, df, (-1.0, 1.0))
+        pooled = pool(reps)
+    centre, se, df = _contrast_stats(d, reps, pooled)
+    return float(centre), float(se), float(df)
+
+
+def _interval(point: float, centre: float, se: float, df: float, level: float) -> Estimate:
+    """The estimate of a difference with its t interval at `level` and two-sided p."""
+    half = float(stats.t.ppf(0.5 + level / 2, df)) * se
+    est = _estimate(point, centre, half, level, se, df, (-1.0, 1.0))
     # the interval excludes 0 exactly when p < 1 - level (same centre, se and t)
     p = float(2 * stats.t.sf(abs(centre) / se, df)) if se > 0 else float(centre == 0)
     return replace(est, p=p)
@@ -362,6 +374,7 @@ class GroupDecision:
     alpha: float
     effect: float
     headline: dict[str, Any] = field(default_factory=dict)
+    clears_effect: str = INCONCLUSIVE
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -378,7 +391,90 @@ class GroupDecision:
             "alpha": self.alpha,
             "effect": self.effect,
             "headline": self.headline,
+            "clears_effect": self.clears_effect,
         }
+
+
+_MC_DRAWS = 10_000  # max-t quantiles: Monte Carlo error of the 95% point about 4% of alpha
+
+
+def arm_covariance(
+    base: np.ndarray, arms: Sequence[np.ndarray], pooled: Pooled | None
+) -> np.ndarray:
+    """Covariance (..., m + 1, m + 1) of the mean accuracies of the baseline (..., n) and the
+    arms (..., R_t, n): the item part (arms share the test items) plus each arm's
+    between-replicate variance / R_t as `_total` takes it (at least 0)."""
+    x = np.stack([np.asarray(base, dtype=float)] + [a.mean(axis=-2) for a in arms], axis=-2)
+    n = x.shape[-1]
+    xc = x - x.mean(axis=-1, keepdims=True)
+    cov = xc @ np.swapaxes(xc, -1, -2) / (n - 1) / n
+    rep = [np.zeros(x.shape[:-2])]
+    for a in arms:
+        ms = own_mean_squares(a, pooled) if a.shape[-2] > 1 else None
+        s2 = 0.0 if ms is None else np.maximum(0.0, ms.ms_rep - ms.ms_res) / n
+        rep.append(np.broadcast_to(s2 / a.shape[-2], x.shape[:-2]))
+    return cov + np.stack([np.asarray(r) for r in rep], axis=-1)[..., None, :] * np.eye(len(rep))
+
+
+def simultaneous_tail(
+    weights: np.ndarray, cov: np.ndarray, alpha: float, two_sided: bool = True
+) -> float:
+    """The per-comparison tail probability of a single-step max-t family (Hothorn, Bretz &
+    Westfall 2008): contrasts `weights` (K, m + 1) of arm means with covariance `cov`; the
+    largest standardised contrast (in absolute value when two-sided) exceeds the returned
+    per-comparison quantile with probability alpha when every contrast is 0. Each contrast
+    then takes its own t quantile at that tail (its Welch-Satterthwaite df).
+
+    The multivariate normal quantile is taken by Monte Carlo with a fixed seed (answers
+    recompute exactly); the result lies between Bonferroni's alpha / K and alpha, since the
+    contrasts of one group share arms and are correlated (a teacher's gain and its differences
+    with the others), which Bonferroni ignores."""
+    t = _standardised_draws(weights, cov)
+    if t.shape[1] <= 1:
+        return alpha
+    stat = np.abs(t).max(axis=1) if two_sided else t.max(axis=1)
+    c = float(np.quantile(stat, 1 - alpha))
+    tail = float((2 if two_sided else 1) * stats.norm.sf(c))
+    return min(max(tail, alpha / weights.shape[0]), alpha)
+
+
+def best_tail(weights: np.ndarray, cov: np.ndarray, alpha: float, m: int) -> float:
+    """The one-sided tail at which a teacher's m - 1 differences `weights` (teacher j minus it)
+    leave it out of the best set: the larger critical value of two, (1) Hsu's multiple
+    comparisons with the best, the one-sided max-t quantile, so the true best is left out with
+    probability at most alpha; (2) when the m teachers are equal, one is named (beats all
+    others) with probability at most alpha in all, alpha / m each, which (1) alone allows to
+    reach 2 alpha with two teachers."""
+    t = _standardised_draws(weights, cov)
+    if t.shape[1] == 0:
+        return alpha
+    c = max(np.quantile(t.max(axis=1), 1 - alpha), np.quantile(-t.max(axis=1), 1 - alpha / m))
+    return min(float(stats.norm.sf(c)), alpha)
+
+
+def _standardised_draws(weights: np.ndarray, cov: np.ndarray) -> np.ndarray:
+    """Monte Carlo draws (fixed seed) of the standardised contrasts with nonzero variance."""
+    ccov = weights @ cov @ weights.T
+    sd = np.sqrt(np.clip(np.diag(ccov), 0.0, None))
+    keep = sd > 0
+    vals, vecs = np.linalg.eigh(cov)
+    root = vecs * np.sqrt(np.clip(vals, 0.0, None))
+    return _normal_draws(cov.shape[0]) @ ((root.T @ weights[keep].T) / sd[keep])
+
+
+@functools.lru_cache(maxsize=16)
+def _normal_draws(k: int) -> np.ndarray:
+    return np.random.default_rng(20260).standard_normal((_MC_DRAWS, k))
+
+
+def _weights(m: int, contrasts: Sequence[tuple[int, int | None]]) -> np.ndarray:
+    """Contrast weights over (baseline, teacher 0..m-1): (y, x) is teacher y minus teacher x,
+    or minus the baseline when x is None."""
+    w = np.zeros((len(contrasts), m + 1))
+    for k, (y, x) in enumerate(contrasts):
+        w[k, y + 1] += 1
+        w[k, 0 if x is None else x + 1] -= 1
+    return w
 
 
 def decide_group(
@@ -387,57 +483,105 @@ def decide_group(
     alpha: float = 0.05,
     effect: float = 0.03,
     min_replicates: int = 3,
-    level: float | None = None,
 ) -> GroupDecision:
     """The answer for one group: every teacher against the baseline and against every other.
 
     `base`: the baseline's 0/1 vector; `teachers`: per teacher, its draws (see `replicate_units`);
     `effect`: the effect of interest as a fraction (analysis.effect_of_interest / 100); a teacher
-    with fewer than `min_replicates` replicate units is exploratory. `level`: the level of every
-    comparison's interval; by default Bonferroni over the group (`family_size`), see
-    `decide_groups` for the grid-wide alternative."""
+    with fewer than `min_replicates` replicate units is exploratory.
+
+    Three procedures, each made for its question (docs/statistics.md):
+    - verdicts (better / worse / equivalent) of the m gains and m(m-1)/2 teacher differences:
+      simultaneous intervals of one single-step max-t family (`simultaneous_tail`), so the
+      chance of any false better/worse in the group is at most alpha;
+    - the best set: Hsu's multiple comparisons with the best, a teacher stays unless some other
+      is above it by the one-sided max-t quantile of its m - 1 differences; it holds the true
+      best with probability at least 1 - alpha, so a wrong teacher is named at most that often;
+    - "none": an intersection-union test, every teacher's one-sided upper bound of gain at
+      level 1 - alpha below +effect (level alpha, no multiplicity penalty: every one must hold)."""
     b = baseline_arm(base)
     arms = {t: arm(d, min_replicates) for t, d in teachers.items()}
-    m = len(arms)
     names = list(arms)
+    m = len(names)
+    exploratory = any(a.exploratory for a in arms.values())
     pooled = pool([a.units for a in arms.values()])
-    level = 1 - alpha / family_size(m) if level is None else level
+    cov = arm_covariance(b.units[0], [a.units for a in arms.values()], pooled)
+    pairs_idx = list(itertools.combinations(range(m), 2))
+    family = [(i, None) for i in range(m)] + [(j, i) for i, j in pairs_idx]
+    tail = simultaneous_tail(_weights(m, family), cov, alpha)
+    level = 1 - tail
     base_est = accuracy(b, 1 - alpha)
-    rows = []
+    rows, gain_stats = [], []
     for t in names:
-        g = difference(arms[t], b, level, pooled)
+        g_stats = _difference_stats(arms[t], b, pooled)
+        gain_stats.append(g_stats)
+        g = _interval(arms[t].accuracy - b.accuracy, *g_stats, level)
         acc = accuracy(arms[t], level, pooled)
+        centre, se, df = g_stats
+        upper = centre + float(stats.t.ppf(1 - alpha, df)) * se
         rows.append(
             {"teacher": t, "post_acc": acc.estimate, "post_low": acc.low, "post_high": acc.high,
              "gain": g.estimate, "gain_low": g.low, "gain_high": g.high, "gain_se": g.se,
-             "gain_p": g.p, "level": g.level, "n_replicates": arms[t].n_replicates,
-             "rep_sd": math.sqrt(arms[t].rep_var), "exploratory": arms[t].exploratory,
-             "verdict": verdict(g, effect, arms[t].exploratory)}
+             "gain_p": g.p, "gain_upper": upper, "level": g.level,
+             "n_replicates": arms[t].n_replicates, "rep_sd": math.sqrt(arms[t].rep_var),
+             "exploratory": arms[t].exploratory,
+             "verdict": verdict(g, effect, arms[t].exploratory),
+             "clears_effect": _clears(g, effect, arms[t].exploratory)}
         )  # fmt: skip
-    pairs = []
-    for i, j in itertools.combinations(range(m), 2):
+    pairs, above = [], np.zeros((m, m))  # above[j, i]: t statistic of teacher j minus teacher i
+    for i, j in pairs_idx:
         x, y = arms[names[i]], arms[names[j]]
-        d = difference(y, x, level, pooled)
+        centre, se, df = _difference_stats(y, x, pooled)
+        d = _interval(y.accuracy - x.accuracy, centre, se, df, level)
+        above[j, i], above[i, j] = (centre / se, -centre / se) if se > 0 else (0.0, 0.0)
         pairs.append(
             {"a": names[i], "b": names[j], "diff": d.estimate, "low": d.low, "high": d.high,
-             "p": d.p, "level": d.level, "verdict": verdict(d, effect, x.exploratory or y.exploratory)}
+             "p": d.p, "level": d.level, "df": df,
+             "verdict": verdict(d, effect, x.exploratory or y.exploratory)}
         )  # fmt: skip
-    beaten = set()
-    for q in pairs:  # verdict of b - a: "better" means b beats a
-        if q["verdict"] == "better":
-            beaten.add(q["a"])
-        elif q["verdict"] == "worse":
-            beaten.add(q["b"])
-    best_set = [t for t in names if t not in beaten]
-    exploratory = any(a.exploratory for a in arms.values())
+    best_set = names if exploratory else _best_set(names, above, pairs, cov, alpha)
     answer, distill, headline = _answer(rows, best_set, effect, exploratory)
+    clears = "no" if answer == ANSWERS_NONE else headline["clears_effect"]
     return GroupDecision(
         rows, pairs, best_set, answer, distill, exploratory, base_est.estimate, base_est.low,
-        base_est.high, int(b.units.shape[1]), alpha, effect, headline,
+        base_est.high, int(b.units.shape[1]), alpha, effect, headline, clears,
     )  # fmt: skip
 
 
-MULTIPLICITY = ("group", "grid_fdr")
+def _best_set(
+    names: list[str], above: np.ndarray, pairs: list[dict[str, Any]], cov: np.ndarray,
+    alpha: float,
+) -> list[str]:  # fmt: skip
+    """Hsu's confidence set for the best teacher (multiple comparisons with the best): teacher i
+    stays unless some j is above it, (mean_j - mean_i) / se > the one-sided max-t quantile of
+    i's m - 1 differences, each on its own t df. The true best is left out only when one of its
+    m - 1 one-sided comparisons errs, at most alpha in all."""
+    m = len(names)
+    if m == 1:
+        return list(names)
+    df = np.full((m, m), np.inf)
+    for (i, j), q in zip(itertools.combinations(range(m), 2), pairs, strict=True):
+        df[i, j] = df[j, i] = q["df"]
+    keep = []
+    for i in range(m):
+        others = [j for j in range(m) if j != i]
+        tail = best_tail(_weights(m, [(j, i) for j in others]), cov, alpha, m)
+        crit = stats.t.isf(tail, df[others, i])
+        if not (above[others, i] > crit).any():
+            keep.append(names[i])
+    return keep
+
+
+def _clears(g: Estimate, effect: float, exploratory: bool) -> str:
+    """Does a gain clear the effect of interest? yes: its interval lies above +effect; no: below;
+    inconclusive otherwise (or exploratory)."""
+    if exploratory:
+        return INCONCLUSIVE
+    if g.low > effect:
+        return "yes"
+    if g.high < effect:
+        return "no"
+    return INCONCLUSIVE
 
 
 def decide_groups(
@@ -445,57 +589,14 @@ def decide_groups(
     alpha: float = 0.05,
     effect: float = 0.03,
     min_replicates: int = 3,
-    multiplicity: str = "group",
 ) -> tuple[dict[Any, GroupDecision], dict[str, Any]]:
-    """Every group's decision under one multiplicity rule, and the rule's record.
-
-    `groups`: key -> (baseline vector, teachers' draws). "group": Bonferroni within each group
-    (`decide_group`), the chance of any false better/worse in a group is at most alpha.
-    "grid_fdr": the false-discovery rate over the whole grid. Benjamini-Hochberg at q = alpha
-    selects among every comparison of every group that is not exploratory; each interval is then
-    taken at the false-coverage-rate level 1 - R q / M of Benjamini and Yekutieli (2005), with R
-    selected of M, so that "better"/"worse" (the interval excludes 0) holds for exactly the
-    selected comparisons, and the expected share of false ones among them is at most q. More
-    power where a grid holds many true effects; no per-group guarantee."""
-    if multiplicity not in MULTIPLICITY:
-        raise ValueError(f"multiplicity must be one of {MULTIPLICITY}, not {multiplicity!r}")
+    """Every group's decision (`decide_group`), and the multiplicity rule's record: one family
+    per group, the chance of any false better/worse in a group at most alpha."""
     decide = {
         key: decide_group(base, teachers, alpha, effect, min_replicates)
         for key, (base, teachers) in groups.items()
     }
-    record: dict[str, Any] = {"rule": multiplicity, "alpha": alpha}
-    if multiplicity == "group":
-        return decide, record
-    p = [
-        x[k]
-        for d in decide.values()
-        for x, k in [*((t, "gain_p") for t in d.teachers), *((q, "p") for q in d.pairs)]
-        if not d.exploratory
-    ]
-    selected = _benjamini_hochberg(np.asarray(p, dtype=float), alpha)
-    m, r = len(p), int(selected.sum())
-    level = 1 - max(r, 1) * alpha / max(m, 1)
-    record.update({"level": level, "comparisons": m, "selected": r})
-    return {
-        key: decide_group(base, teachers, alpha, effect, min_replicates, level)
-        for key, (base, teachers) in groups.items()
-    }, record
-
-
-def _benjamini_hochberg(p: np.ndarray, q: float) -> np.ndarray:
-    """Which p-values Benjamini-Hochberg selects at false-discovery rate q (statsmodels)."""
-    if p.size == 0:
-        return np.zeros(0, dtype=bool)
-    from statsmodels.stats.multitest import multipletests
-
-    return multipletests(p, alpha=q, method="fdr_bh")[0]
-
-
-def family_size(m: int) -> int:
-    """The comparisons of a decision group of m teachers, one multiplicity family: m against the
-    baseline and m(m-1)/2 between teachers. Bonferroni over all of them bounds the chance of any
-    false better/worse in the group by alpha."""
-    return m + m * (m - 1) // 2
+    return decide, {"rule": "group", "alpha": alpha}
 
 
 def _answer(
@@ -504,8 +605,8 @@ def _answer(
     """(answer, distill, the row the answer line quotes).
 
     answer: a teacher when it beats the baseline and is the only member of the best set; "none"
-    when no teacher can beat the baseline by the effect of interest (every gain interval below
-    +effect); "inconclusive" otherwise. distill: yes (some teacher beats the baseline), no, or
+    when no teacher beats the baseline and every one-sided upper bound of gain lies below
+    +effect; "inconclusive" otherwise. distill: yes (some teacher beats the baseline), no, or
     inconclusive."""
     by_name = {r["teacher"]: r for r in rows}
     point_best = max(rows, key=lambda r: r["gain"])
@@ -513,7 +614,7 @@ def _answer(
         return INCONCLUSIVE, INCONCLUSIVE, point_best
     winners = [r for r in rows if r["verdict"] == "better"]
     if not winners:
-        if all(r["gain_high"] < effect for r in rows):
+        if all(r["gain_upper"] < effect for r in rows):
             return ANSWERS_NONE, "no", point_best
         return INCONCLUSIVE, INCONCLUSIVE, point_best
     if len(best_set) == 1 and by_name[best_set[0]]["verdict"] == "better":
@@ -531,20 +632,32 @@ def simulate(
     base_acc: float,
     accs: Sequence[float],
     replicates: int,
-    rep_sd: float,
+    rep_sd: float | Sequence[float],
     concordance: float = 0.5,
+    rep_df: float = math.inf,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Synthetic groups with known truth: a baseline (sims, n) and per teacher (sims, R, n) 0/1.
 
     Item i has a latent u_i; the baseline is right when u_i < base_acc. A replicate of a teacher
-    of accuracy p draws its own accuracy p_r = clip(p + N(0, rep_sd)), and is right on item i
-    when w_ri < p_r, where w_ri is u_i with probability `concordance` (the student keeps that
-    share of the baseline's item difficulty) and a fresh uniform otherwise."""
+    of accuracy p draws its own accuracy p_r = clip(p + e), e of SD `rep_sd` (one for all, or one
+    per teacher), normal or, with `rep_df`, Student's t of that many df (heavy-tailed replicate
+    effects), and is right on item i when w_ri < p_r, where w_ri is u_i with probability
+    `concordance` (the student keeps that share of the baseline's item difficulty) and a fresh
+    uniform otherwise."""
     u = rng.random((sims, 1, n))
     base = u[:, 0, :] < base_acc
+    sds = [rep_sd] * len(accs) if np.ndim(rep_sd) == 0 else list(rep_sd)  # type: ignore[list-item]
     arms = []
-    for p in accs:
-        p_r = np.clip(p + rng.normal(0.0, rep_sd, (sims, replicates, 1)), 0.0, 1.0)
+    for p, sd in zip(accs, sds, strict=True):
+        if math.isinf(rep_df):
+            e = rng.normal(0.0, sd, (sims, replicates, 1))
+        else:  # scaled to SD `sd` (a t of df > 2 has variance df / (df - 2))
+            e = (
+                sd
+                * rng.standard_t(rep_df, (sims, replicates, 1))
+                / math.sqrt(rep_df / (rep_df - 2))
+            )
+        p_r = np.clip(p + e, 0.0, 1.0)
         w = np.where(
             rng.random((sims, replicates, n)) < concordance, u, rng.random((sims, replicates, n))
         )
@@ -552,42 +665,69 @@ def simulate(
     return base, arms
 
 
+def concordance(base: ArrayLike, units: ArrayLike) -> float:
+    """The item concordance of `simulate` measured on data: how much of the baseline's item
+    difficulty a distilled student keeps. In that model the phi correlation between the
+    baseline's and a replicate's 0/1 scores is the concordance times the largest phi two
+    accuracies allow (same latent difficulty), so the estimate is their ratio, averaged over
+    the replicates, in [0, 1]. NaN where it cannot be told (an arm all right or all wrong)."""
+    b = np.asarray(base, dtype=float)
+    out = []
+    for r in np.atleast_2d(np.asarray(units, dtype=float)):
+        p, q = sorted((b.mean(), r.mean()))
+        if p <= 0 or q >= 1 or np.ptp(b) == 0 or np.ptp(r) == 0:
+            continue
+        phi_max = math.sqrt(p * (1 - q) / (q * (1 - p)))
+        out.append(float(np.corrcoef(b, r)[0, 1]) / phi_max)
+    return float(np.clip(np.mean(out), 0.0, 1.0)) if out else math.nan
+
+
 def rule_calls_better(
-    a: np.ndarray, b: np.ndarray | None, base: np.ndarray | None, others: Sequence[np.ndarray],
-    level: float,
+    a: np.ndarray, b: np.ndarray | None, base: np.ndarray, others: Sequence[np.ndarray],
+    alpha: float,
 ) -> np.ndarray:  # fmt: skip
     """Per simulation: does the rule call arm `a` (sims, R, n) better than arm `b` (sims, R, n),
-    or than the fixed baseline `base` (sims, n)? `others`: the group's other teachers, whose
-    replicates are pooled with those of `a` and `b` as `decide_group` pools them."""
-    arms = [a] if b is None else [a, b]
+    or than the fixed baseline `base` (sims, n) when `b` is None? `others`: the group's other
+    teachers, which set the size and correlation of the group's max-t family. Vectorised: the
+    family's tail is taken once, at the simulations' mean covariance (`decide_group` takes it
+    per group)."""
+    teachers = [a] if b is None else [a, b]
+    teachers += list(others)
+    m = len(teachers)
+    units = [t.astype(float) for t in teachers]
+    pooled = pool(units)
+    cov = arm_covariance(base.astype(float), units, pooled).mean(axis=0)
+    family = [(i, None) for i in range(m)] + [
+        (j, i) for i, j in itertools.combinations(range(m), 2)
+    ]
+    tail = simultaneous_tail(_weights(m, family), cov, alpha)
     other = base.astype(float) if b is None else b.mean(axis=1)
     d = a.mean(axis=1) - other
-    reps = [x.astype(float) for x in arms if x.shape[-2] > 1]
-    pooled = pool([*arms, *others])
-    centre, _, _, half = contrast(d, reps, pooled, level)
+    reps = [x.astype(float) for x in ([a] if b is None else [a, b]) if x.shape[-2] > 1]
+    centre, _, _, half = contrast(d, reps, pooled, 1 - tail)
     return (centre - half) > 0
 
 
 def gain_power(
     n: int, base_acc: float, gain: float, replicates: int, rep_sd: float, m: int = 1,
-    alpha: float = 0.05, concordance: float = 0.5, sims: int = 2000, seed: int = 0,
+    alpha: float = 0.05, concordance: float = 0.0, sims: int = 2000, seed: int = 0,
 ) -> float:  # fmt: skip
     """Share of simulated groups of m teachers of true gain `gain` in which the report's rule
-    calls the first better than the baseline (one Bonferroni family per group, see
-    `family_size`; replicates pooled over the group; >= 2 replicates)."""
+    calls the first better than the baseline (the group's max-t family; >= 2 replicates).
+    `concordance` 0: the baseline and the distilled student agree on items no more than chance,
+    the least favourable case for a paired test, so the power is not overstated."""
     if replicates < 2:
         return 0.0  # exploratory: never "better" (below analysis.min_replicates likewise)
     rng = np.random.default_rng(seed)
     base, arms = simulate(
         rng, sims, n, base_acc, [base_acc + gain] * m, replicates, rep_sd, concordance
     )
-    level = 1 - alpha / family_size(m)
-    return float(rule_calls_better(arms[0], None, base, arms[1:], level).mean())
+    return float(rule_calls_better(arms[0], None, base, arms[1:], alpha).mean())
 
 
 def difference_power(
     n: int, acc: float, diff: float, replicates: int, rep_sd: float, m: int,
-    alpha: float = 0.05, concordance: float = 0.5, sims: int = 2000, seed: int = 0,
+    alpha: float = 0.05, concordance: float = 0.0, sims: int = 2000, seed: int = 0,
 ) -> float:  # fmt: skip
     """Share of simulated groups of m teachers in which the rule calls the better of two
     teachers `diff` apart better (the other m - 2 teachers at the lower accuracy)."""
@@ -595,9 +735,8 @@ def difference_power(
         return 0.0
     rng = np.random.default_rng(seed)
     accs = [acc + diff] + [acc] * max(m - 1, 1)
-    _, arms = simulate(rng, sims, n, acc, accs, replicates, rep_sd, concordance)
-    level = 1 - alpha / family_size(max(m, 2))
-    return float(rule_calls_better(arms[0], arms[1], None, arms[2:], level).mean())
+    base, arms = simulate(rng, sims, n, acc, accs, replicates, rep_sd, concordance)
+    return float(rule_calls_better(arms[0], arms[1], base, arms[2:], alpha).mean())
 
 
 def _smallest(power_at: Any, top: float, power: float) -> float:
@@ -614,9 +753,10 @@ def _smallest(power_at: Any, top: float, power: float) -> float:
 
 def minimum_detectable_gain(
     n: int, base_acc: float, replicates: int, rep_sd: float, m: int = 1, alpha: float = 0.05,
-    power: float = 0.8, concordance: float = 0.5, sims: int = 2000,
+    power: float = 0.8, concordance: float = 0.0, sims: int = 2000,
 ) -> float:  # fmt: skip
-    """Smallest gain (a fraction) the report's rule calls `better` with `power`; NaN if none."""
+    """Smallest gain (a fraction) the report's rule calls `better` with `power`, at the least
+    favourable item concordance by default (`gain_power`); NaN if none."""
     return _smallest(
         lambda g: gain_power(n, base_acc, g, replicates, rep_sd, m, alpha, concordance, sims),
         1.0 - base_acc,
@@ -626,9 +766,10 @@ def minimum_detectable_gain(
 
 def minimum_detectable_difference(
     n: int, acc: float, replicates: int, rep_sd: float, m: int, alpha: float = 0.05,
-    power: float = 0.8, concordance: float = 0.5, sims: int = 2000,
+    power: float = 0.8, concordance: float = 0.0, sims: int = 2000,
 ) -> float:  # fmt: skip
-    """Smallest difference between two teachers the rule calls `better` with `power`."""
+    """Smallest difference between two teachers the rule calls `better` with `power`, at the
+    least favourable item concordance by default."""
     if m < 2:
         return math.nan
     return _smallest(
@@ -636,6 +777,25 @@ def minimum_detectable_difference(
         1.0 - acc,
         power,
     )
+
+
+def answer_rates(
+    base: np.ndarray, arms: Sequence[np.ndarray], leader: str | None = None
+) -> tuple[float, float, float, float]:
+    """Frequencies of the rule's claims over simulated groups (`simulate`; teachers t0, t1, ...):
+    (any better/worse, a teacher named other than `leader`, `leader` named, "none")."""
+    runs = base.shape[0]
+    calls = np.zeros(4)
+    for s in range(runs):
+        d = decide_group(base[s], {f"t{k}": list(a[s]) for k, a in enumerate(arms)})
+        verdicts = [t["verdict"] for t in d.teachers] + [q["verdict"] for q in d.pairs]
+        calls += [
+            any(v in ("better", "worse") for v in verdicts),
+            d.answer not in (ANSWERS_NONE, INCONCLUSIVE, leader),
+            d.answer == leader,
+            d.answer == ANSWERS_NONE,
+        ]
+    return tuple(float(c) for c in calls / runs)  # type: ignore[return-value]
 
 
 def coverage(
@@ -653,7 +813,7 @@ def coverage(
     hits = np.zeros(3)
     for s in range(runs):
         arms = [arm(list(a[s])) for a in sims]
-        pooled = pool([a.units for a in arms])
+        pooled = pool([a.units for a in arms])  # the group's, as `decide_group` takes it
         g = difference(arms[0], baseline_arm(base[s]), 0.95, pooled)
         d = difference(arms[0], arms[1], 0.95, pooled)
         p = accuracy(arms[0], 0.95, pooled)

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import re
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -97,21 +97,30 @@ def final_segment(text: str, reasoning_ends: Sequence[str] = ()) -> str:
     """The part of a completion that is scored: after the last end of a reasoning part
     (REASONING_ENDS and `reasoning_ends`), and within its last solution block if it has one.
     A reasoning part that never ends leaves the whole text to be read."""
+    return final_segments(text, reasoning_ends)[0]
+
+
+def final_segments(text: str, reasoning_ends: Sequence[str] = ()) -> list[str]:
+    """The scored part (`final_segment`) and, when it is a solution block cut off before its
+    close, the text before that block: the reasoning the solution followed, which is read only
+    where the cut-off block states no answer (its opening ended the reasoning)."""
     cut = max(
         ((i + len(end)) for end in (*REASONING_ENDS, *reasoning_ends) if end
          for i in [text.rfind(end)] if i >= 0),
         default=0,
     )  # fmt: skip
-    text = text[cut:]
+    whole, text = text, text[cut:]
     for begin, end in SOLUTION_BLOCKS:
         start = text.rfind(begin)
         if start >= 0:
             body = text[start + len(begin) :]
             stop = body.find(end)
-            body = body if stop < 0 else body[:stop]
+            if stop >= 0:
+                body = body[:stop]
             if body.strip():
-                return body
-    return text
+                before = whole[: cut + start]
+                return [body] if stop >= 0 or not before.strip() else [body, before]
+    return [text]
 
 
 def _before_next_turn(text: str) -> str:
@@ -170,7 +179,9 @@ _BOX_JOIN = re.compile(
 )
 
 
-def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Statement]:
+def _statements(
+    text: str, bare_ok: bool, join_boxes: bool = False, drop_loops: bool = False
+) -> list[Statement]:
     """Explicit answer statements in text order (at most the last _MAX_MARKERS). `join_boxes`:
     boxes that follow each other on one line ("\\boxed{3} and \\boxed{5}") are one statement of
     a list."""
@@ -196,10 +207,9 @@ def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Stat
             found.append(Statement(m.start(), rule, value))
     more: list[Statement] = []
     end = -1  # where the previous box closed
-    for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS):
-        content = _braced(text, m.end())
-        if content is None:
-            continue
+    boxes = [(m, _braced(text, m.end())) for m in deque(_BOXED.finditer(text), maxlen=_MAX_MARKERS)]
+    read = [(m, c) for m, c in boxes if c is not None]
+    for m, content in _without_loops(read, text) if drop_loops else read:
         if join_boxes and more and end >= 0 and _BOX_JOIN.fullmatch(text, end, m.start()):
             first = more.pop()  # "x = \boxed{3} or x = \boxed{5}": one answer, the list 3, 5
             more.append(Statement(first.pos, "boxed", f"{first.span}, {content}"))
@@ -217,6 +227,30 @@ def _statements(text: str, bare_ok: bool, join_boxes: bool = False) -> list[Stat
         if m:
             more.append(Statement(len(text), "last_line_letter", m.group(1)))
     return sorted([*found, *more], key=lambda st: st.pos)[-_MAX_MARKERS:]
+
+
+_LOOP = 4  # the same box this many times in a row, nothing but space between: a loop
+
+
+def _without_loops(boxes: list[tuple[re.Match, str]], text: str) -> list[tuple[re.Match, str]]:
+    """The boxes (match, content) without degenerate runs: a model caught in a loop writes the
+    same box again and again ("\\boxed{1}\\boxed{1}..." hundreds of times), which states no answer;
+    the statement before the loop stays the last one."""
+    out: list[tuple[re.Match, str]] = []
+    run: list[tuple[re.Match, str]] = []
+    for m, content in [*boxes, (None, None)]:
+        prev = run[-1] if run else None
+        if (
+            prev is not None
+            and m is not None
+            and content == prev[1]
+            and not text[prev[0].end() + len(prev[1]) + 1 : m.start()].strip()
+        ):
+            run.append((m, content))
+            continue
+        out += run if len(run) < _LOOP else []
+        run = [(m, content)] if m is not None else []
+    return out
 
 
 # Hedges before a value that still commit to it: "probably 12", "most likely (B)", "likely to be yes".
@@ -826,14 +860,40 @@ def canonical_math(text: str) -> str | None:
     return s if s and len(s) <= 1000 else None
 
 
-def _math_at(span: str, choices: Choices = None) -> str | None:
+_INLINE_JOIN = re.compile(r"[ \t]*(?:,|;|\band\b|\bor\b)[ \t]*")
+
+
+def _math_at(span: str, choices: Choices = None, restated: bool = True) -> str | None:
     m = _DOLLARS.search(span)
     if m and not span[: m.start()].strip(_STRIP + ":"):
-        return canonical_math(m.group(1) or m.group(2))
+        # "$x = 3$ and $y = 5$": formulas joined in one sentence are one answer, a list (as
+        # boxes on one line are)
+        parts = [m.group(1) or m.group(2)]
+        while (join := _INLINE_JOIN.match(span, m.end())) and (
+            nxt := _DOLLARS.match(span, join.end())
+        ):
+            parts.append(nxt.group(1) or nxt.group(2))
+            m = nxt
+        return canonical_math(", ".join(parts))
     value = canonical_math(re.split(r"\.(?:\s|$)", span, maxsplit=1)[0].strip(_STRIP))
     # "The answer is positive, because ..." is prose, not an answer: at most three plain words.
     prose = re.findall(r"(?<![\\a-zA-Z])[a-zA-Z]{2,}", _LATEX_TEXT.sub("", value or ""))
-    return value if len(prose) <= 3 else None
+    if len(prose) <= 3:
+        return value
+    # a value restated as a sentence whose subject names it ("The minimum value is $3$,
+    # attained at $x = 1$."): the mathematics after its verb
+    restating = _RESTATED.match(span) if restated else None
+    if restating is None:
+        return None
+    found = _math_at(_unhedged(span[restating.end() :]), choices, restated=False)
+    return found if found and re.search(r"[0-9\\]", found) else None
+
+
+# a sentence's subject that names the value (a determiner, then words; no clause) and its verb
+_RESTATED = re.compile(
+    r"[\s*_]*(?:the|this|our|its|their|his|her|my)\s+[^\W\d_][^,;:$()\n.]{0,80}?\s(?:is|are|equals)\s",
+    re.IGNORECASE,
+)
 
 
 def _math_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
@@ -866,22 +926,65 @@ def _latex_key(s: str) -> str:
     return _LATEX_NOISE.sub("", s).rstrip(".")
 
 
-def _mv_timeout() -> int | None:
-    # Math-Verify's timeouts use signal.alarm, which works only in the main thread.
-    return 5 if threading.current_thread() is threading.main_thread() else None
+# Math-Verify is called without its timeouts: they are a SIGALRM after 5 s of wall clock, so a
+# pair near the limit scored differently on a busy machine than on an idle one (and they work in
+# the main thread only). The work is bounded by the input instead: at most MV_MAX_CHARS characters
+# (checked by the caller), no number the parser would build past MV_MAX_DIGITS digits (a power
+# tower, a large factorial), and no symbolic simplification of a parsed expression larger than
+# MV_MAX_OPS operations. A verdict is then a function of the two answers alone.
+MV_MAX_CHARS = 500
+MV_MAX_DIGITS = 2000
+MV_MAX_OPS = 100
+_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*\^\s*\{?\s*(\d+(?:\.\d+)?)\s*\}?(?!\s*\^)")
+_FACTORIAL = re.compile(r"(\d+)\s*!")
+
+
+def _mv_bounded(text: str) -> bool:
+    """Whether Math-Verify's parser can read `text` without building a huge number: no power
+    tower (a^{b^c}), no power or factorial whose value would pass MV_MAX_DIGITS digits."""
+    if re.search(r"\^\s*\{[^{}]*\^", text) or re.search(r"\^\s*[0-9a-z]\s*\^", text):
+        return False
+    for base, exp in _POWER.findall(text):
+        b, e = float(base), float(exp)
+        if b > 1 and e * math.log10(b) > MV_MAX_DIGITS:
+            return False
+    # n! has about n log10(n / e) digits
+    return all(int(n) < 1000 for n in _FACTORIAL.findall(text))
 
 
 @functools.lru_cache(maxsize=8192)
-def _mv_parse(text: str, timeout: int | None, units: bool) -> tuple:
-    """Math-Verify's reading of an answer. Its unit normalisation (`units`) also drops letters
-    that are variables (the m of \\frac{37}{4}m), so it is used only where a task strips units."""
+def _mv_parse(text: str, units: bool) -> tuple:
+    """Math-Verify's reading of an answer (no timeout: see MV_MAX_CHARS). Its unit normalisation
+    (`units`) also drops letters that are variables (the m of \\frac{37}{4}m), so it is used only
+    where a task strips units."""
+    import logging
+
     from latex2sympy2_extended.math_normalization import NormalizationConfig
     from math_verify import LatexExtractionConfig, parse
 
+    # its warning that no timeout is set is what is meant here
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
     norm = NormalizationConfig(basic_latex=True, units=units, malformed_operators=True, nits=True,
                                boxed="all", equations=False)  # fmt: skip
     config = [LatexExtractionConfig(normalization_config=norm)]
-    return tuple(parse("\\boxed{" + text + "}", config, parsing_timeout=timeout))
+    return tuple(parse("\\boxed{" + text + "}", config, parsing_timeout=None))
+
+
+def _mv_small(parsed: tuple) -> bool:
+    """Whether every parsed expression is small enough for symbolic comparison (MV_MAX_OPS)."""
+    from sympy import Basic
+
+    return all(not isinstance(x, Basic) or x.count_ops() <= MV_MAX_OPS for x in parsed)
+
+
+@functools.lru_cache(maxsize=8192)
+def _mv_verify(gold: str, pred: str, units: bool) -> bool:
+    from math_verify import verify
+
+    gold_parsed, pred_parsed = _mv_parse(gold, units), _mv_parse(pred, units)
+    if not (gold_parsed and pred_parsed and _mv_small(gold_parsed) and _mv_small(pred_parsed)):
+        return False
+    return verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None)
 
 
 # 1e-5, 2.5E+3: scientific notation as LaTeX writes it (Math-Verify reads "e" as Euler's number)
@@ -903,6 +1006,10 @@ def _math_form(s: str, ordered: bool, strip_units: bool) -> str:
     suffix, no unit after the value (where the task strips units), a bare list as a tuple (where
     its order matters)."""
     s = _E_NOTATION.sub(r"\1\\times 10^{\2}", s.strip())
+    # the degree sign as LaTeX writes it: 700°C is 700^{\circ}\text{C}
+    s = re.sub(
+        r"\s*°\s*([CFK]\b)?", lambda m: "^{\\circ}" + (f"\\text{{{m[1]}}}" if m[1] else ""), s
+    )
     s = _ORDINAL.sub("", s)
     if strip_units:
         for _ in range(3):
@@ -915,33 +1022,97 @@ def _math_form(s: str, ordered: bool, strip_units: bool) -> str:
     return s
 
 
+_RELATION = re.compile(r"<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in|notin|subset)\b")
+# a condition after the value: "\\text{ for all } n > 0", ", \\quad n \\geq 1", "(k \\in \\mathbb{Z})"
+_CONDITION = re.compile(
+    r"\s*(?:\\text\s*\{\s*(?:for|where|when|if|with|provided|assuming)\b.*"
+    r"|(?:,|;|\\q?quad|\\[,;: ])\s*\(?[^=()]*(?:<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in)\b)[^=()]*\)?"
+    r"|\s\([^=()]*(?:<|>|≤|≥|≠|\\(?:leq?|geq?|neq|ne|in)\b)[^=()]*\))\s*$"
+)
+_LABEL = re.compile(r"\s*[A-Za-z](?:_\{?[0-9A-Za-z]{1,3}\}?)?\s*=\s*(?!=)")
+
+
+def _as_the_gold_states(pred: str, gold: str) -> str:
+    """The prediction in the gold's terms, where it adds what the gold does not state: a
+    condition after its value ("3 \\text{ for all } n > 0", "5 \\quad (n \\geq 1)") when the gold
+    states no relation, and the labels of a labelled list ("a = -2, b = -2") when the gold's
+    list has none."""
+    if not _RELATION.search(gold):
+        bare = _CONDITION.sub("", pred)
+        pred = bare if bare.strip() else pred
+    parts = _top_level_parts(pred)
+    if len(parts) > 1 and not _LABEL.match(gold) and all(_LABEL.match(x) for x in parts):
+        pred = ", ".join(_LABEL.sub("", x, count=1).strip() for x in parts)
+    return pred
+
+
+def _top_level_parts(s: str) -> list[str]:
+    """`s` split at its commas outside brackets and braces."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(s):
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            parts.append(s[start:i])
+            start = i + 1
+    return [*parts, s[start:]]
+
+
 def _math_equivalent(
     pred: str, gold: str, ordered: bool = False, strip_units: bool = False
 ) -> bool:
     if _latex_key(pred) == _latex_key(gold):
         return True
     pred, gold = (_math_form(x, ordered, strip_units) for x in (pred, gold))
+    pred = _as_the_gold_states(pred, gold)
     p, g = _fraction(_delatex(pred)), _fraction(_delatex(gold))
     if p is not None and g is not None:
         return p == g
-    if len(pred) > 500 or len(gold) > 500:
+    if max(len(pred), len(gold)) > MV_MAX_CHARS or not (_mv_bounded(pred) and _mv_bounded(gold)):
         return False
-    from math_verify import verify
-
-    timeout = _mv_timeout()
+    if _text_words(pred) != _text_words(gold):  # Math-Verify reads past the words of \text{}
+        return False
     for units in (False, True) if strip_units else (False,):
         try:
-            gold_parsed = _mv_parse(gold, timeout, units)
-            pred_parsed = _mv_parse(pred, timeout, units)
-            if (
-                gold_parsed
-                and pred_parsed
-                and verify(list(gold_parsed), list(pred_parsed), timeout_seconds=timeout)
-            ):
-                return True
+            if _mv_verify(gold, pred, units):
+                return _close_as_stated(pred, gold)
         except Exception:  # Math-Verify's sympy layer can fail in many ways; none is a match.
             pass
     return False
+
+
+_WORD = re.compile(r"[^\W\d_]{2,}")
+_LIST_WORDS = frozenset({"and"})  # "3 and 4" lists what "3, 4" lists
+
+
+def _text_words(s: str) -> list[str]:
+    """The words of an answer's \\text{} groups (two letters or more, lower case, sorted), but
+    the "and" of a list. Math-Verify's normalisation drops them, so "x is odd" equals "x is
+    even" and "3 or 4" equals "3 and 4" there: two answers whose words differ are not equal."""
+    words = (w.lower() for group in _LATEX_TEXT.findall(s) for w in _WORD.findall(group))
+    return sorted(w for w in words if w not in _LIST_WORDS)
+
+
+# a plain decimal number, optionally in scientific notation (as _math_form writes it)
+_STATED = re.compile(
+    r"\s*(-?)\s*(\d+)(?:\.(\d+))?\s*(?:(?:\\times|\\cdot)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?)?\s*"
+)
+
+
+def _close_as_stated(pred: str, gold: str) -> bool:
+    """Math-Verify rounds numbers to 6 decimal places, so any two below 5e-7 match (3.3e-22 and
+    1.3e-27). Where both answers are plain decimal numbers, they must also agree to the precision
+    one of them states: within half a unit of its last digit (0.001429 for 1/700's 0.00142857)."""
+    found = [_STATED.fullmatch(x) for x in (pred, gold)]
+    if not all(found):
+        return True
+    values, halves = [], []
+    for m in found:
+        sign, whole, frac, exp = m.groups()
+        e = int(exp or 0)
+        values.append(Fraction(f"{sign}{whole}.{frac or 0}") * Fraction(10) ** e)
+        halves.append(Fraction(5) * Fraction(10) ** (e - len(frac or "") - 1))
+    return abs(values[0] - values[1]) <= max(halves)
 
 
 # --- the registry ----------------------------------------------------------------------------------
@@ -991,6 +1162,9 @@ class Extractor:
     # the answer of a closing sentence, read when the text has no answer statement
     closing: Callable[[str, Choices], tuple[str, str] | None] = _never
     working: bool = False  # parse_at also takes the text before the statement
+    # reasoning-model output: a run of one repeated box is no answer, and a solution block cut off
+    # before its close that states nothing falls back to the reasoning before it (scoring.score)
+    reasoning_rules: bool = False
 
     def _value(self, st: Statement, choices: Choices, text: str) -> str | None:
         value = canonical(self.answer_types[0], st.span) if st.rule == "boxed" else None
@@ -1011,7 +1185,9 @@ class Extractor:
             return empty, empty
         text = _before_next_turn(text)
         kind = self.answer_types[0]
-        statements = _statements(text, self.bare_ok, join_boxes=self.boxed_first)
+        statements = _statements(
+            text, self.bare_ok, join_boxes=self.boxed_first, drop_loops=self.reasoning_rules
+        )
         if self.boxed_first and not any(st.rule == "json_answer" for st in statements):
             boxed = [st for st in statements if st.rule == "boxed"]
             statements = [st for st in statements if st.rule != "boxed"] + boxed[-1:]
@@ -1057,8 +1233,15 @@ EXTRACTORS: dict[str, Extractor] = {
         "number", 4, ("number",), _number_at, _number_last, closing=_number_closing, working=True
     ),
     "math": Extractor(
-        "math", 4, ("math", "number"), _math_at, _math_last, boxed_first=True, closing=_math_closing
-    ),
+        "math",
+        5,
+        ("math", "number"),
+        _math_at,
+        _math_last,
+        boxed_first=True,
+        closing=_math_closing,
+        reasoning_rules=True,
+    ),  # fmt: skip
     "choice": Extractor(
         "choice",
         4,

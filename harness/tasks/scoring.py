@@ -44,7 +44,7 @@ VERDICT_FIELDS = ("strict", "flexible", "strict_correct", "flexible_correct", "c
 
 
 def verdict(headline: str, strict_ok: bool, flexible_ok: bool) -> bool:
-    """An item's verdict: its task's headline reading (tasks_data/<name>.yaml `headline`)."""
+    """An item's verdict: its task's headline reading (tasks/<name>.yaml `headline`)."""
     return strict_ok if headline == "strict" else flexible_ok
 
 
@@ -115,7 +115,8 @@ def score(
 
     A truncated generation (finish_reason "length") is never scored as an answer. Only the text
     after the last end of a reasoning part (</think>, <|end_of_thought|>, ...) is read, and
-    within a solution block (<|begin_of_solution|> ...) when there is one. `choices` (the item's option texts) lets a choice extractor
+    within a solution block (<|begin_of_solution|> ...) when there is one; a block cut off before
+    its close that states nothing leaves the reasoning before it to be read. `choices` (the item's option texts) lets a choice extractor
     match an answer given as option text instead of a letter."""
     spec = task_spec(task)
     ex = answers.get_extractor(extractor or spec.extractor)
@@ -129,8 +130,12 @@ def score(
         return {**out, **_no_answer("truncated at max_tokens", truncated=True)}
     text = completion if isinstance(completion, str) else ""
     rules = spec.scoring
-    scored_text = answers.final_segment(text, rules.reasoning_ends)
-    strict, flexible = ex.read(scored_text, choices, closing=rules.closing_sentence)
+    scored, *before = answers.final_segments(text, rules.reasoning_ends)
+    strict, flexible = ex.read(scored, choices, closing=rules.closing_sentence)
+    if strict.value is None and before and ex.reasoning_rules:  # a cut-off solution, no answer
+        earlier = ex.read(before[0], choices, closing=rules.closing_sentence)
+        if earlier[0].value is not None:
+            strict, flexible = earlier
     kind = ex.answer_types[0]
     strict_ok = matches(spec, kind, strict.value, gold)
     same = flexible.value == strict.value
@@ -229,7 +234,7 @@ def _read_predictions(
             raise UserError(f"{where}: field 'completion' is missing or not text.")
         _no_lone_surrogate(rec, where)
         if rec["id"] in excluded_ids(spec):
-            continue  # a row the task excludes (tasks_data/<name>.yaml `exclude`): counted, not scored
+            continue  # a row the task excludes (tasks/<name>.yaml `exclude`): counted, not scored
         if rec["id"] not in by_id:
             raise UserError(
                 f"{where}: id {rec['id']!r} is not in the {split} split of task {spec.name} "

@@ -1,4 +1,4 @@
-"""The task suite: harness/tasks_data/*.yaml -> items and prompts (scoring them: harness/tasks/scoring.py).
+"""The task suite: tasks/*.yaml -> items and prompts (scoring them: harness/tasks/scoring.py).
 
     cotgap ls tasks
     cotgap ls items gsm8k --split test --data-dir ../shared/data
@@ -28,16 +28,9 @@ from typing import Any, Literal, TextIO
 
 from pydantic import Field, model_validator
 
-from harness.config.schema import (
-    PromptStyle,
-    Strict,
-    parse,
-    read_yaml,
-    task_dirs,
-    task_file,
-    task_names,
-    tasks_dir,
-)
+from harness.config.loading import parse, read_yaml
+from harness.config.schema import PromptStyle, Strict
+from harness.config.task_paths import task_dirs, task_file, task_names, tasks_dir
 from harness.errors import UserError
 from harness.sandbox import tasks as sandbox
 from harness.store import OUT_FIX, atomic_write_text, jsonl_text
@@ -300,7 +293,7 @@ def task_spec(task: TaskSpec | str) -> TaskSpec:
 
 
 def _sizes(spec: TaskSpec) -> dict[str, int]:
-    """Items each split has (tasks_data/<name>.yaml `sizes`, or what the sandbox generator makes)."""
+    """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
     sb = spec.source.sandbox
     return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
 
@@ -724,7 +717,7 @@ def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
 
 
 def excluded(task: TaskSpec | str) -> list[dict[str, Any]]:
-    """The rows a task leaves out of every split (tasks_data/<name>.yaml `exclude`), with the reason."""
+    """The rows a task leaves out of every split (tasks/<name>.yaml `exclude`), with the reason."""
     return [{"source_index": e.index, "reason": e.reason} for e in task_spec(task).exclude]
 
 
@@ -819,7 +812,7 @@ def _file_of(name: str) -> Path:
 
 def _prompts_file(rel: str, root: Path | None) -> Path:
     """A prompts file named relative to the data dir: the data dir's copy where it holds one, else
-    the copy the package ships under the tasks dir (harness/tasks_data/bbh/cot-prompts: the same
+    the copy the package ships under the tasks dir (tasks/bbh/cot-prompts: the same
     bytes as the BBH repository's)."""
     if root is not None and (root / rel).is_file():
         return root / rel
@@ -906,6 +899,9 @@ _NEW_TYPES = {  # --answer-type: (answer_type, extractor, the prompt's last line
 }
 
 
+_NEW_OPTIONAL = ("id", "rationale")  # fields of `Fields` a new task takes when the data has them
+
+
 def _new_splits(name: str, data: Path) -> tuple[dict[str, list[str]], list[Path]]:
     """A new task's `source.files.splits` (paths under `data`'s parent, the data dir) and files:
     train.jsonl and test.jsonl, or one JSONL pool divided by the question hash."""
@@ -928,9 +924,13 @@ def new_task_text(name: str, data: Path, answer_type: str = "number") -> tuple[s
         raise UserError(f"--answer-type {answer_type}: valid: {', '.join(_NEW_TYPES)}.")
     kind, extractor, ending, choices = _NEW_TYPES[answer_type]
     splits, files = _new_splits(name, data)
+    first = _first_record(files[0])
     fields = {"question": "question", "answer": "answer"} | (
         {"choices": choices} if choices else {}
     )
+    # the optional fields the data has under their own names: its ids (predictions and
+    # `cotgap score` key items by them) and its worked solutions
+    fields |= {key: key for key in _NEW_OPTIONAL if key in first}
     spec = {
         "name": name, "version": 1, "description": f"{name} (edit: what the task is)",
         "splits_note": "train for teacher traces, test for scoring" if "train" in splits
@@ -942,7 +942,6 @@ def new_task_text(name: str, data: Path, answer_type: str = "number") -> tuple[s
     }  # fmt: skip
     parse(TaskSpec, spec, f"task {name}")
     text = _yaml_text(spec)
-    first = _first_record(files[0])
     notes = [
         f"{files[0]}: the first row has no field {f!r} (its fields: {', '.join(first)}); edit "
         f"fields.{key} in the task file"

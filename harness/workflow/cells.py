@@ -34,13 +34,14 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal
 
-from harness.config.schema import EvalConfig, Experiment, ScreenConfig, TrainConfig, canonical
+from harness.config.hashing import canonical
+from harness.config.schema import EvalConfig, Experiment, ScreenConfig, TrainConfig
 from harness.models import sources as models
-from harness.store import cell_key, package_versions, vllm_version
+from harness.store import CELL_KINDS, cell_key, package_versions, vllm_version
 from harness.tasks import answers
 from harness.workflow import regimes
 
-KINDS = ("traces", "eval", "dataset", "screen", "adapter")
+KINDS = CELL_KINDS  # defined with the store, which names a cell directory by its kind
 STAGES = ("generate", "train", "evaluate", "screen")
 STAGE_OF_KIND = {
     "traces": "generate",

@@ -56,7 +56,7 @@ KNOWN: dict[str, Arch] = {
 }
 BIG_MODEL = 1_000_000_000  # parameters: from here on `gradient_checkpointing: auto` is on
 # The logits of one chunk of target positions in the training loss, in fp32, at most this many
-# bytes: 256 MiB is 441 positions of Qwen2.5's 151,936-token vocabulary (harness/stages/train.py).
+# bytes: 256 MiB is 441 positions of Qwen2.5's 151,936-token vocabulary (harness/stages/train_worker.py).
 CHUNK_BYTES = 256 * 2**20
 PROMPT_TOKENS = 1024  # a prompt's allowance in a sequence when engine.max_model_len is not set
 DEFAULT_MAX_SEQS = 256  # vLLM's max_num_seqs when the engine settings give none
@@ -132,7 +132,7 @@ def serving_memory(exp: Experiment, spec: ModelSpec, max_tokens: int) -> dict[st
     }
 
 
-# Bytes a parameter of training state, by what it is (harness/stages/train.py loads them so): full
+# Bytes a parameter of training state, by what it is (harness/stages/train_worker.py loads them so): full
 # fine-tuning keeps fp32 weights (the optimizer's master copy) and fp32 gradients and AdamW moments,
 # and computes in bf16 under accelerate's mixed precision; bf16-resident weights would leave AdamW
 # its moments in bf16 and round away updates below bf16's resolution. LoRA keeps its frozen base in

@@ -278,7 +278,7 @@ def _reference(
     return d
 
 
-def check(exp: Experiment) -> list[str]:
+def expand_problems(exp: Experiment) -> list[str]:
     """Every problem `expand` would stop at, all at once, without planning: a model that cannot be
     identified (a missing local path, an unknown zoo model), a task file that does not load (no
     `version`, an unknown extractor). `cotgap validate` reports them."""
@@ -330,9 +330,9 @@ def tokenizer_problems(exp: Experiment) -> list[str]:
             f"keep only sft in train.methods for it, or run that teacher in-process."
         ]
     student = exp.students[0]
-    ref, problems = vocab(student), []
+    ref, problems = model_vocab(student), []
     for m in (*exp.teachers, *exp.students[1:]):
-        mine = vocab(m)
+        mine = model_vocab(m)
         if mine != ref:
             differ = sorted(set(mine.items()) ^ set(ref.items()))[:3]
             problems.append(
@@ -350,7 +350,7 @@ def tokenizer_problems(exp: Experiment) -> list[str]:
     return problems
 
 
-def vocab(m: Any) -> dict[str, int]:
+def model_vocab(m: Any) -> dict[str, int]:
     """A model's vocabulary (token -> id, added tokens included): from its tokenizer.json through
     `tokenizers` (no transformers import: `validate` stays fast), else through transformers."""
     from pathlib import Path

@@ -3,7 +3,7 @@ with every library's network access off, whatever the environment says.
 
     cotgap run configs/sandbox.yaml      # sandbox models and tasks: nothing is fetched
 
-`needs(exp)` lists what an experiment must fetch (a hub model, a task with no data_dir files);
+`network_needs(exp)` lists what an experiment must fetch (a hub model, a task with no data_dir files);
 when it is nothing, `settle(exp)` sets the offline variables of huggingface_hub, datasets and
 transformers before any of them is imported, so engines and workers (child processes) inherit
 them. Usage statistics and telemetry are off for every run: nothing needs them.
@@ -22,7 +22,7 @@ NO_TELEMETRY = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_DISABLE
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def needs(exp: Experiment) -> list[str]:
+def network_needs(exp: Experiment) -> list[str]:
     """What the experiment reads from the network: hub models, hub-sourced task data."""
     out = [f"model {m.name} ({m.path})" for m in (*exp.teachers, *exp.students)
            if not models.source(m).on_machine]  # fmt: skip
@@ -41,5 +41,5 @@ def settle(exp: Experiment | None = None) -> None:
     """Telemetry off; and with `exp` needing nothing from the network, every offline switch on."""
     for name, value in NO_TELEMETRY.items():
         os.environ.setdefault(name, value)
-    if exp is not None and not needs(exp):
+    if exp is not None and not network_needs(exp):
         os.environ.update(OFFLINE)

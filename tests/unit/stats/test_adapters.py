@@ -1,6 +1,6 @@
 """harness.stats.adapters: coverage by simulation, hand-worked values, edge cases, properties.
 
-.venv/bin/pytest tests/test_stats.py -q
+.venv/bin/pytest tests/unit/stats/test_adapters.py -q
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from scipy import stats as sps
 
 from harness.stats.adapters import (
     _mean_ci,
-    accuracy_ci,
     discordant_pairs,
     majority_vote,
     mcnemar_exact,
@@ -69,17 +68,6 @@ def test_paired_bootstrap_covers_true_gain_95_percent_of_the_time():
     assert 0.93 <= coverage <= 0.97, f"paired bootstrap 95% CI coverage {coverage:.4f}"
 
 
-def test_accuracy_ci_covers_true_accuracy_95_percent_of_the_time():
-    runs = 2000
-    _, post = _simulate(runs, n_items=200, seed=7)
-    covered = 0
-    for i in range(runs):
-        _, low, high = accuracy_ci(post[i], n_resamples=1000, seed=i)
-        covered += low <= TRUE_POST_ACC <= high
-    coverage = covered / runs
-    assert 0.93 <= coverage <= 0.97, f"accuracy 95% CI coverage {coverage:.4f}"
-
-
 # --- bootstrap CIs -------------------------------------------------------------------------------
 
 
@@ -104,21 +92,6 @@ def test_paired_bootstrap_has_scipys_bootstrap_distribution(ci):
     assert ours.low == pytest.approx(ref.low, abs=1 / 300 + 1e-9)
     assert ours.high == pytest.approx(ref.high, abs=1 / 300 + 1e-9)
     assert ours.low < ours.estimate < ours.high
-
-
-def test_accuracy_ci_has_scipys_bootstrap_distribution():
-    x = np.random.default_rng(4).random(500) < 0.3
-    ours = accuracy_ci(x, n_resamples=20_000, seed=2)
-    ref = sps.bootstrap(
-        (x.astype(float),),
-        np.mean,
-        vectorized=True,
-        n_resamples=20_000,
-        method="percentile",
-        rng=np.random.default_rng(2),
-    ).confidence_interval
-    assert ours.low == pytest.approx(ref.low, abs=1 / 500 + 1e-9)
-    assert ours.high == pytest.approx(ref.high, abs=1 / 500 + 1e-9)
 
 
 def test_a_vector_of_many_values_is_scipys_bootstrap_exactly():
@@ -165,24 +138,10 @@ def test_paired_bootstrap_is_deterministic_per_seed():
     assert len(set(runs[1:])) == 3
 
 
-@pytest.mark.parametrize("value", [0, 1])
-def test_accuracy_ci_all_same_is_a_point(value):
-    assert accuracy_ci([value] * 50) == (value, value, value)
-    assert accuracy_ci([bool(value)]) == (value, value, value)
-
-
 def test_identical_vectors_have_zero_gain_and_p_one():
     base = np.array([1, 0, 1, 1, 0, 0, 1], dtype=bool)
     assert paired_bootstrap(base, base) == (0.0, 0.0, 0.0)
     assert mcnemar_exact(base, base) == 1.0
-
-
-def test_accuracy_ci_known_values():
-    acc, low, high = accuracy_ci([1] * 70 + [0] * 30)
-    assert acc == 0.7
-    # The normal-approximation interval is 0.7 +- 1.96 * sqrt(0.21 / 100) = [0.61, 0.79].
-    assert low == pytest.approx(0.61, abs=0.02)
-    assert high == pytest.approx(0.79, abs=0.02)
 
 
 # --- McNemar ---------------------------------------------------------------------------------------
@@ -226,12 +185,12 @@ def test_length_mismatch_is_a_clear_error(fn):
 )
 def test_correctness_vectors_are_validated(bad, match):
     with pytest.raises(ValueError, match=match):
-        accuracy_ci(bad)
+        paired_bootstrap(bad, bad)
 
 
 def test_ci_level_is_validated():
     with pytest.raises(ValueError, match="ci must lie strictly between 0 and 1"):
-        accuracy_ci([0, 1], ci=95)
+        paired_bootstrap([0, 1], [0, 1], ci=95)
 
 
 # --- rank correlations -------------------------------------------------------------------------
@@ -300,14 +259,6 @@ def test_correlation_length_mismatch(fn):
 
 
 # --- properties of the bootstrap -----------------------------------------------------------------
-
-
-@settings(max_examples=60, deadline=None)
-@given(bool_vectors, st.integers(0, 2**32 - 1))
-def test_accuracy_ci_contains_estimate(correct, seed):
-    acc, low, high = accuracy_ci(correct, n_resamples=300, seed=seed)
-    assert acc == pytest.approx(np.mean(correct))
-    assert 0 <= low <= acc <= high <= 1
 
 
 @settings(max_examples=60, deadline=None)

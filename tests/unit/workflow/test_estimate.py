@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import Experiment, load_experiment, parse
+from harness.config.loading import load_experiment, parse
+from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.execution import plan
 from harness.workflow import estimate, grid
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 STUDY = REPO / "configs" / "paper-study.yaml"
 
 
@@ -131,7 +132,7 @@ def test_gpu_hours_follow_the_throughput_table_and_its_override(study):
         "measured"
     )
     data["costs"] = {"throughput": [{"model": "qwen2.5-8b", "generate": 10_000}]}
-    with pytest.raises(UserError, match=r"estimate.throughput: not a model .*qwen2.5-8b"):
+    with pytest.raises(UserError, match=r"costs.throughput: not a model .*qwen2.5-8b"):
         parse(Experiment, data, "x.yaml")
 
 
@@ -150,6 +151,7 @@ def test_the_aligned_mix_is_counted_at_the_batch_it_runs(study):
     assert work[("train", mix["updates"].model)]["tokens"] == ref * 20 * study.train.max_length
 
 
+@pytest.mark.slow  # the CLI in a child process: make test, not make check
 def test_plan_prints_memory_fit_and_gpu_hours_for_the_study(tmp_path):
     """The paper study with no data dir; on a machine without nvidia-smi it says CPU only."""
     config = yaml.safe_load(STUDY.read_text())

@@ -2,12 +2,11 @@
 
 The goldens in tests/fixtures/grid/ were written by the code before the cell redesign (tag
 golden-pre-cells): every cell's kind, key, config and upstream for configs/sandbox.yaml and a test
-grid, and a digest of the 15,167 cells of configs/paper-scale.yaml. Keys include package versions,
-so where the installed ones differ from the golden's, keys are not compared (configs still are).
-The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
+grid, and a digest of the 15,167 cells of configs/paper-scale.yaml. The paper-scale digest was rewritten for the task versions math 2 and bbh_* 2 (with the task files
 of version 1, the grid still gives the digest of that tag), and every golden for the extractor
 versions that rebuild training sets (a dataset's key holds its extractor's version); the sandbox
-golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates.
+golden is of tests/fixtures/grid/sandbox.yaml, the demo config before it had replicates, and
+the paper-scale digest of tests/fixtures/grid/paper-scale.yaml, that config with one trace draw.
 
 Keys include the versions of the packages that change a cell's output. The goldens record the
 versions they were written with, and the key tests compute keys with those versions (the lookups
@@ -24,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.config.schema import Experiment, load_experiment
+from harness.config.loading import load_experiment
+from harness.config.schema import Experiment
 from harness.execution import plan
 from harness.sandbox import tasks as sandbox_tasks
 from harness.stages import dataset
@@ -40,12 +40,12 @@ from harness.workflow.cells import (
     Traces,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "grid"
 CONFIGS = {
     "sandbox": FIXTURES / "sandbox.yaml",  # the demo config before it had replicates
     "test-grid": FIXTURES / "test-grid.yaml",
-    "paper-scale": REPO / "configs" / "paper-scale.yaml",
+    "paper-scale": FIXTURES / "paper-scale.yaml",  # one trace draw, as the golden was written
 }
 
 
@@ -191,7 +191,7 @@ def test_check_reports_every_problem_at_once(tmp_path: Path) -> None:
         exp.teachers[0].model_copy(update={"path": "sandbox:nope"}),
         exp.teachers[1].model_copy(update={"path": str(tmp_path / "missing")}),
     )
-    problems = grid.check(exp.model_copy(update={"teachers": teachers}))
+    problems = grid.expand_problems(exp.model_copy(update={"teachers": teachers}))
     assert len(problems) == 2 and "nope" in problems[0] and "missing" in problems[1]
 
 
@@ -267,10 +267,13 @@ def test_crossed_and_paired_replicates_count_their_cells(
         for regime in exp.train.regimes:
             mine = sorted(r[4:] for r in g.distilled if r[2:4] == (teacher, regime))
             assert mine == pairs
-    line = (
-        f"replicates per teacher: {len(pairs)} ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
-    )
+    # the rule's unit is a trace draw (its training seeds averaged), crossed or paired: the plan's
+    # replicates line says what its MDE line and the analysis count
+    line = f"replicates per teacher: 2 ({replicates}: 2 trace draw(s), generate.seeds 0, 1"
     assert plan.replicates_line(exp).startswith(line)
+    assert plan.replicate_units(exp) == 2
+    counted = f"{len(pairs)} adapters, the rule counts each trace draw once"
+    assert (counted in plan.replicates_line(exp)) == (replicates == "crossed")
     for (*_, draw, seed), d in g.distilled.items():
         assert (d.trace_seed, d.train_seed) == (draw, seed)
         assert d.dataset.trace_seed == d.adapter.trace_seed == d.eval.trace_seed == draw

@@ -1,6 +1,6 @@
 """The precision choice: read from the CPU's flags, forced by COTGAP_PRECISION, recorded.
 
-.venv/bin/python -m pytest tests/test_precision.py -q
+.venv/bin/python -m pytest tests/unit/test_precision.py -q
 """
 
 from __future__ import annotations

@@ -26,6 +26,19 @@ def test_plain_lines_name_cells_and_are_throttled(capsys, monkeypatch):
     assert "tok/s" in rates[-1]
 
 
+def test_a_note_is_always_printed_however_throttled_the_rate_lines(capsys):
+    with StageProgress("generate served") as bar:
+        bar.update({"cell": "traces served x addition"})
+        bar.update({"samples": 1, "tokens": 10})  # throttled: no line
+        bar.update({"note": "the server asks to wait 120 s"})
+        bar.update({"note": "the server asks to wait 300 s"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1:] == [
+        "  generate served: the server asks to wait 120 s",
+        "  generate served: the server asks to wait 300 s",
+    ]
+
+
 def test_resumed_work_shrinks_the_total_and_disabled_prints_nothing(capsys):
     with StageProgress("evaluate s", enabled=False) as bar:
         bar.update({"total": 50})
@@ -65,7 +78,7 @@ def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatc
         "        bar.update({'fields': f'loss {1 / (step + 1):.3f}', 'samples': 1, 'tokens': 10})\n"
     )
     fails = "import sys; print('warming up'); sys.exit('error: the reason it stopped')"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     with progress.Relay(2, every=0.01) as relay:
         env = {**os.environ, **relay.env(0)}
         done = subprocess.run(

@@ -14,7 +14,7 @@ import pytest
 
 from harness.architecture import LAYER_OF, LAYERS, package_of
 
-HARNESS = Path(__file__).resolve().parents[1] / "harness"
+HARNESS = Path(__file__).resolve().parents[2] / "harness"
 
 
 def module_name(path: Path) -> str:
