@@ -14,7 +14,7 @@ table this prints goes to benchmarks/README.md. With --grid: every cross-group r
 nulls where a teacher's quality is shared by every task and student (with teacher x task and
 teacher x student effects), grids of 3-8 teachers, 2-4 students, 4-12 tasks, next to the naive
 test that permutes teachers within each task; then power at realistic effects
-(tests/test_grid_level.py runs a few of these cells).
+(tests/test_cross_group.py runs a few of these cells).
 """
 
 from __future__ import annotations

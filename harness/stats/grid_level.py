@@ -2,7 +2,7 @@
 the unit, by permuting its labels over the whole grid.
 
     .venv/bin/python -c "from harness.stats import grid_level; help(grid_level.permutation_test)"
-    .venv/bin/pytest tests/test_grid_level.py
+    .venv/bin/pytest tests/unit/stats/test_grid_level.py tests/test_cross_group.py
 
 A grid holds the same few teachers on every task and student. A teacher that is good on one task
 is usually good on the others, and every student of a task learns from the same traces, so the
