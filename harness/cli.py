@@ -593,16 +593,27 @@ def distill(
     _STATE["results"] = exp.root
     _say_engine(exp)
     r, counts = quick.distill(exp, log=_log)
-    level = f"{100 * r['level']:g}%"
     out = _console(stderr=False)
     out.print(
         f"{r['task']}: {r['student']} from {r['teacher']} ({r['n']} test items, "
         f"{r['replicates']} replicate(s))"
     )
-    out.print(
-        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, "
-        f"{_pct(r['baseline_high'])}], distilled {_pct(r['post_acc'])}%"
+    baseline = (
+        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, {_pct(r['baseline_high'])}]"
     )
+    if not r["replicates"]:
+        examples = ", ".join("?" if n is None else str(n) for n in r["examples"])
+        out.print(baseline)
+        out.print(
+            f"  no distilled student: the teacher's traces gave no training example (examples "
+            f"per trace draw: {examples}), so nothing was trained or evaluated; the warnings "
+            "below say why and what to change"
+        )
+        _console().print(f"computed {sum(counts.values())} cell(s) {counts} in {exp.root}")
+        _say_problems(exp, Store(exp.root))
+        return
+    level = f"{100 * r['level']:g}%"
+    out.print(f"{baseline}, distilled {_pct(r['post_acc'])}%")
     out.print(
         f"  gain {100 * r['gain']:+.1f} pts [{100 * r['gain_low']:+.1f}, "
         f"{100 * r['gain_high']:+.1f}] ({level} interval): {r['verdict']}"

@@ -301,6 +301,24 @@ def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
     assert "0 training examples after filtering" in err and "train.max_length 512" in err
 
 
+@pytest.mark.slow
+def test_distill_with_a_teacher_that_gives_no_example_says_so_without_a_traceback(tmp_path):
+    """Four tokens per trace: none is correct, the training set is empty, nothing is trained."""
+    out = cotgap(
+        "distill", "--teacher", "sandbox:teacher-s", "--student", "sandbox:student-xs",
+        "--task", "sandbox_addition", "--limit", "4", "--train-limit", "4", "--max-steps", "2",
+        "--samples", "1", "--max-tokens", "4", "--results-dir", str(tmp_path / "quick"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    text = " ".join(out.stdout.split())
+    assert "no distilled student" in text and "examples per trace draw: 0" in text, text
+    assert re.search(r"baseline \d+\.\d% \[\d+\.\d, \d+\.\d\]", text), text
+    err = " ".join(out.stderr.split())
+    assert "0 of 4 questions have a correct trace" in err, err
+
+
 # --- readable outputs ----------------------------------------------------------------------------
 
 

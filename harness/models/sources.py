@@ -89,8 +89,10 @@ def _local_dir(spec: ModelSpec) -> str:
 
 def _missing(spec: ModelSpec) -> Any:
     raise UserError(
-        f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
-        "in the config, or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
+        f"model {spec.name!r}: path {spec.path!r} is not an existing directory (a relative path "
+        "is taken relative to the config file's folder, on the command line to the working "
+        "directory); fix the path in the config, or give a "
+        "hub id (org/name), sandbox:<zoo model> or gguf:<file>."
     )
 
 
