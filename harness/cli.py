@@ -368,12 +368,12 @@ def _print_summary(answers: Path) -> None:
     cols = ("task", "student", "regime", "answer", "distill?", "gain [interval]", "best set")
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
-    def pts(v: str) -> str:
-        return "-" if v in ("", "nan") else f"{100 * float(v):+.1f}"
+    def pts(v: str) -> str:  # answers.csv holds points
+        return "-" if v in ("", "nan") else f"{float(v):+.1f}"
 
     for r in rows:
         gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
-        exploratory = " (exploratory)" if r["exploratory"] == "True" else ""
+        exploratory = " (exploratory)" if r["exploratory"] == "yes" else ""
         table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,
                       r["distill"], gain, r["best_set"].replace(";", ", "), r["n_replicates"])  # fmt: skip
     _console(stderr=False).print(table)
@@ -561,8 +561,12 @@ def distill(
     samples: Annotated[int, typer.Option(help="traces per training question")] = 2,
     temperature: Annotated[float, typer.Option(help="sampling temperature of the traces")] = 0.7,
     effect: Annotated[
-        float, typer.Option(help="effect of interest in points (the equivalence margin)")
-    ] = 3.0,
+        float,
+        typer.Option(
+            help="effect of interest in points (the equivalence margin; "
+            "analysis.effect_of_interest's default)"
+        ),
+    ] = 3.0,  # analysis.effect_of_interest's default (tests/test_quick.py holds them equal)
     results_dir: ResultsDir = Path("results/quick"),
     max_tokens: MaxTokens = 512,
     dtype: Dtype = "auto",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.schema import Experiment, _relative_to, parse, task_names
+from harness.config.schema import AnalysisConfig, Experiment, _relative_to, parse, task_names
 from harness.errors import UserError
 from harness.execution import plan
 from harness.execution.schedule import RunOptions
@@ -45,7 +45,8 @@ class Settings:
     max_steps: int = 100
     lr: float = 2e-4
     batch_size: int = 8
-    effect: float = 3.0  # effect of interest, points
+    # effect of interest, points: the configs' own default, so "none" means the same everywhere
+    effect: float = AnalysisConfig.model_fields["effect_of_interest"].default
 
 
 def model_name(path: str) -> str:

@@ -248,3 +248,13 @@ def test_help_is_plain_text() -> None:
     assert "<bool>" not in page
     assert "with vLLM." not in page  # generate runs on whichever engine is configured
     assert "each training\nset" not in page
+
+
+def test_readme_answers_row_has_the_files_columns() -> None:
+    """The README's annotated answers.csv row: the file's columns, in order, one value each."""
+    from harness.analysis.analyze import ANSWER_COLUMNS
+
+    (block,) = [b for b in blocks(ROOT / "README.md") if b.body.startswith("task,student,")]
+    header, row = block.body.strip().split("\n")
+    assert header.split(",") == list(ANSWER_COLUMNS)
+    assert len(row.split(",")) == len(ANSWER_COLUMNS)
