@@ -200,6 +200,23 @@ def resolve(spec: ModelSpec) -> str:
     return source(spec).resolve(spec)
 
 
+def directory_here(spec: ModelSpec) -> Path | None:
+    """The model's directory when it is on this machine already (a built zoo model, a local
+    folder, a converted GGUF file); None otherwise. Nothing is converted or downloaded."""
+    if spec.served or not spec.path:
+        return None
+    try:
+        if spec.path.startswith(SANDBOX_PREFIX):
+            return Path(_sandbox_dir(spec))
+        if spec.path.startswith(gguf.PREFIX):
+            d = gguf.converted_dir(gguf.provenance(*_gguf_ref(spec)))
+            return d if (d / "gguf.json").is_file() else None
+        d = Path(spec.path).expanduser()
+        return d if (d / "config.json").is_file() else None
+    except UserError:
+        return None
+
+
 def param_count(spec: ModelSpec) -> int | None:
     """Parameters in the model's safetensors files, read from their headers (no weights loaded).
 
