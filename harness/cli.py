@@ -365,7 +365,8 @@ def _print_summary(answers: Path) -> None:
 
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    cols = ("task", "student", "regime", "answer", "distill?", "gain [interval]", "best set")
+    cols = ("task", "student", "regime", "answer", "distill?", "action", "gain [interval]")
+    cols += ("best set",)
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
     def pts(v: str) -> str:  # answers.csv holds points
@@ -374,8 +375,10 @@ def _print_summary(answers: Path) -> None:
     for r in rows:
         gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
         exploratory = " (exploratory)" if r["exploratory"] == "yes" else ""
+        gain = gain.strip()  # no teacher is named where the answer is none
         table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,
-                      r["distill"], gain, r["best_set"].replace(";", ", "), r["n_replicates"])  # fmt: skip
+                      r["distill"], r["action"], gain, r["best_set"].replace(";", ", "),
+                      r["n_replicates"])  # fmt: skip
     _console(stderr=False).print(table)
 
 

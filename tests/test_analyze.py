@@ -1017,3 +1017,23 @@ def test_answers_rows_say_what_to_do_with_empty_teacher_for_none() -> None:
     # one unit: points, rounded (base 50%, effect 3 points)
     assert set(table["base_acc"]) == {50.0} and set(table["effect_of_interest"]) == {3.0}
     assert rows["one"]["gain"] == 30.0
+
+
+def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path, capsys) -> None:
+    from harness import cli
+
+    groups = {"one": _decision(0.5, {"t_a": 0.8, "t_b": 0.5}),
+              "none": _decision(0.5, {"t_a": 0.48, "t_b": 0.45})}  # fmt: skip
+    table = analyze.answers_table(
+        None,  # type: ignore[arg-type]  (not read)
+        [
+            {"task": k, "student": "s", "regime": "per_teacher", "decision": d}
+            for k, d in groups.items()
+        ],  # fmt: skip
+    )
+    table.to_csv(tmp_path / "answers.csv", index=False)
+    cli._print_summary(tmp_path / "answers.csv")
+    lines = {x.split("│")[1].strip(): x for x in capsys.readouterr().out.splitlines()
+             if x.count("│") > 3 and x.split("│")[1].strip() in groups}  # fmt: skip
+    assert "use_teacher" in lines["one"] and "t_a +30.0 [" in lines["one"]
+    assert "keep_baseline" in lines["none"] and "t_a" not in lines["none"]
