@@ -547,6 +547,15 @@ def test_report_states_what_the_data_say(built) -> None:
         assert f"({name})" in _section(report, "Figures")
         svg = (out / name).with_suffix(".svg").read_text()
         assert svg.startswith("<?xml") and "<svg" in svg
+    # the two capacity-gap panels of a regime say what each plots (matplotlib keeps a text's
+    # string as a comment beside its glyphs)
+    titles = re.findall(
+        r"<!-- (per_teacher: gain vs [^>]*?) -->", (out / "capacity_gap.svg").read_text()
+    )
+    assert sorted(titles) == [
+        "per_teacher: gain vs teacher accuracy",
+        "per_teacher: gain vs teacher parameters",
+    ]
 
 
 def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> None:
