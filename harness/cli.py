@@ -918,6 +918,10 @@ def main() -> None:
 
     for name, value in NO_TELEMETRY.items():  # usage statistics and telemetry: never needed
         os.environ.setdefault(name, value)
+    # OpenMP threads that sleep rather than spin while they wait, read when torch is first
+    # imported (here or in a stage's child): with any other busy process on a small CPU, spinning
+    # threads made vLLM's CPU generation about 5x slower (benchmarks/README.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     stop_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="cotgap")
