@@ -380,17 +380,20 @@ def _print_summary(answers: Path) -> None:
 
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    cols = ("task", "student", "regime", "answer", "distill?", "gain [interval]", "best set")
+    cols = ("task", "student", "regime", "answer", "distill?", "action", "gain [interval]")
+    cols += ("best set",)
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
-    def pts(v: str) -> str:
-        return "-" if v in ("", "nan") else f"{100 * float(v):+.1f}"
+    def pts(v: str) -> str:  # answers.csv holds points
+        return "-" if v in ("", "nan") else f"{float(v):+.1f}"
 
     for r in rows:
         gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
-        exploratory = " (exploratory)" if r["exploratory"] == "True" else ""
+        exploratory = " (exploratory)" if r["exploratory"] == "yes" else ""
+        gain = gain.strip()  # no teacher is named where the answer is none
         table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,
-                      r["distill"], gain, r["best_set"].replace(";", ", "), r["n_replicates"])  # fmt: skip
+                      r["distill"], r["action"], gain, r["best_set"].replace(";", ", "),
+                      r["n_replicates"])  # fmt: skip
     _console(stderr=False).print(table)
 
 
@@ -577,8 +580,12 @@ def distill(
     samples: Annotated[int, typer.Option(help="traces per training question")] = 2,
     temperature: Annotated[float, typer.Option(help="sampling temperature of the traces")] = 0.7,
     effect: Annotated[
-        float, typer.Option(help="effect of interest in points (the equivalence margin)")
-    ] = 3.0,
+        float,
+        typer.Option(
+            help="effect of interest in points (the equivalence margin; "
+            "analysis.effect_of_interest's default)"
+        ),
+    ] = 3.0,  # analysis.effect_of_interest's default (tests/test_quick.py holds them equal)
     results_dir: ResultsDir = Path("results/quick"),
     max_tokens: MaxTokens = 512,
     dtype: Dtype = "auto",
@@ -610,16 +617,27 @@ def distill(
     _say_shadowed(exp)
     _say_engine(exp)
     r, counts = quick.distill(exp, log=_log)
-    level = f"{100 * r['level']:g}%"
     out = _console(stderr=False)
     out.print(
         f"{r['task']}: {r['student']} from {r['teacher']} ({r['n']} test items, "
         f"{r['replicates']} replicate(s))"
     )
-    out.print(
-        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, "
-        f"{_pct(r['baseline_high'])}], distilled {_pct(r['post_acc'])}%"
+    baseline = (
+        f"  baseline {_pct(r['baseline'])}% [{_pct(r['baseline_low'])}, {_pct(r['baseline_high'])}]"
     )
+    if not r["replicates"]:
+        examples = ", ".join("?" if n is None else str(n) for n in r["examples"])
+        out.print(baseline)
+        out.print(
+            f"  no distilled student: the teacher's traces gave no training example (examples "
+            f"per trace draw: {examples}), so nothing was trained or evaluated; the warnings "
+            "below say why and what to change"
+        )
+        _console().print(f"computed {sum(counts.values())} cell(s) {counts} in {exp.root}")
+        _say_problems(exp, Store(exp.root))
+        return
+    level = f"{100 * r['level']:g}%"
+    out.print(f"{baseline}, distilled {_pct(r['post_acc'])}%")
     out.print(
         f"  gain {100 * r['gain']:+.1f} pts [{100 * r['gain_low']:+.1f}, "
         f"{100 * r['gain_high']:+.1f}] ({level} interval): {r['verdict']}"
@@ -918,6 +936,10 @@ def main() -> None:
 
     for name, value in NO_TELEMETRY.items():  # usage statistics and telemetry: never needed
         os.environ.setdefault(name, value)
+    # OpenMP threads that sleep rather than spin while they wait, read when torch is first
+    # imported (here or in a stage's child): with any other busy process on a small CPU, spinning
+    # threads made vLLM's CPU generation about 5x slower (benchmarks/README.md)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     stop_on_signals()
     try:
         code = app(standalone_mode=False, prog_name="cotgap")

@@ -106,10 +106,11 @@ def live() -> bool:
 
 
 class StageProgress:
-    def __init__(self, description: str, enabled: bool = True):
+    def __init__(self, description: str, enabled: bool = True, unit: str = "completions"):
         import rich.progress as rp
 
         self.enabled = enabled
+        self.unit = unit  # what the count counts, in the plain lines of a piped log
         self.forward = os.environ.get(FORWARD_ENV) if enabled else None
         self.rich = enabled and not self.forward and on_terminal()
         self.cell: str | None = None
@@ -132,12 +133,13 @@ class StageProgress:
         # The rate's clock starts at the first cell (the engine is up by then), else at the total.
         if "total" in event:
             if self.total is None:
-                self._plain(f"{self.description}: {event['total']} to do", force=True)
+                self._plain(f"{self.description}: {event['total']} {self.unit} to do", force=True)
             self.total = event["total"]
             p.update(t, total=self.total)
             self.start = self.start or time.perf_counter()
-        if "status" in event:
+        if "status" in event:  # what a start-up is doing (converting, starting the engine)
             p.update(t, description=self.indent + event["status"])
+            self._plain(f"{self.description}: {event['status']}", force=True)
         if "cell" in event:
             if self.cell is None:
                 self.start = time.perf_counter()
@@ -159,7 +161,7 @@ class StageProgress:
             text = f"{speed:,.0f} tok/s" + (f"  {self.extra}" if self.extra else "")
             p.update(t, advance=event["samples"], speed=text)
             of = f"/{self.total}" if self.total is not None else ""
-            self._plain(f"{self.description}: {self.done}{of} done, {text}")
+            self._plain(f"{self.description}: {self.done}{of} {self.unit} done, {text}")
 
     def note(self, line: str) -> None:
         """Print `line` above the bars (on a terminal) or as a line of the log."""

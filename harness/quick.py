@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.config.loading import _relative_to, parse
-from harness.config.schema import Experiment
+from harness.config.schema import AnalysisConfig, Experiment
 from harness.config.task_paths import task_names
 from harness.errors import UserError
 from harness.execution import plan
@@ -47,7 +47,8 @@ class Settings:
     max_steps: int = 100
     lr: float = 2e-4
     batch_size: int = 8
-    effect: float = 3.0  # effect of interest, points
+    # effect of interest, points: the configs' own default, so "none" means the same everywhere
+    effect: float = AnalysisConfig.model_fields["effect_of_interest"].default
 
 
 # The config keys a quick command fills from its options: an error names the option, not the key
@@ -215,6 +216,22 @@ def distill(
     counts = _run(exp, [base_cell, *(d.eval for d in rows.values())], log)
     base = _correct(exp, base_cell.key)
     ids = list(base)
+    store = Store(exp.root)
+    # a replicate whose training set came out empty has no adapter and no eval (the scheduler
+    # skips them, and the run's warnings say why): the answer rests on the others
+    trained = {k: d for k, d in rows.items() if store.complete("eval", d.eval.key)}
+    if not trained:
+        est = teacher_level.accuracy(
+            teacher_level.baseline_arm(np.array([base[i] for i in ids], dtype=float)),
+            exp.analysis.ci,
+        )
+        examples = [_examples(store, d.dataset) for d in rows.values()]
+        return {
+            "task": task, "teacher": teacher, "student": student, "n": len(ids),
+            "baseline": est.estimate, "baseline_low": est.low, "baseline_high": est.high,
+            "replicates": 0, "examples": examples,
+        }, counts  # fmt: skip
+    rows = trained
     draws: dict[int, list[np.ndarray]] = {}
     for (*_, trace_seed, _seed), d in rows.items():
         post = _correct(exp, d.eval.key)
@@ -239,3 +256,9 @@ def distill(
         "distill": decision.distill, "replicates": len(rows),
     }  # fmt: skip
     return result, counts
+
+
+def _examples(store: Store, dataset: Any) -> int | None:
+    """A dataset cell's number of training examples (None where it is not computed)."""
+    manifest = store.manifest("dataset", dataset.key)
+    return None if manifest is None else (manifest.get("summary") or {}).get("n_examples")

@@ -27,6 +27,7 @@ from scipy import stats as sps
 from harness.analysis import analyze
 from harness.config.schema import AnalysisConfig, Experiment
 from harness.errors import UserError
+from harness.stats import teacher_level
 from harness.store import Store
 from harness.workflow import grid as grids
 from harness.workflow.cells import Cell
@@ -557,7 +558,9 @@ def test_report_states_what_the_data_say(built) -> None:
 
     assert "max_steps 10" in report and "effective batch 8" in report and "lr 0.0002" in report
     assert "temperature=0.0" in report  # the eval config is stated
-    assert f"1 of 2 tasks are selected: {TASK}" in report
+    assert "No task pre-selection is configured (`select:`): every task ran" in report
+    assert f"1 of 2 tasks: {TASK} have a spread over analysis.spread_threshold" in report
+    assert "are selected" not in report  # nothing was selected: both tasks ran
     formats = _section(report, "Answer formats").splitlines()
     board = _board(out)
     for x in board[board["row_type"].isin(["teacher", "baseline"])].itertuples():
@@ -573,6 +576,15 @@ def test_report_states_what_the_data_say(built) -> None:
         assert f"({name})" in _section(report, "Figures")
         svg = (out / name).with_suffix(".svg").read_text()
         assert svg.startswith("<?xml") and "<svg" in svg
+    # the two capacity-gap panels of a regime say what each plots (matplotlib keeps a text's
+    # string as a comment beside its glyphs)
+    titles = re.findall(
+        r"<!-- (per_teacher: gain vs [^>]*?) -->", (out / "capacity_gap.svg").read_text()
+    )
+    assert sorted(titles) == [
+        "per_teacher: gain vs teacher accuracy",
+        "per_teacher: gain vs teacher parameters",
+    ]
 
 
 def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> None:
@@ -593,17 +605,23 @@ def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> No
             top["teacher"],
             "inconclusive",
         )
-        assert (a.gain, a.gain_low, a.gain_high) == pytest.approx(
-            (top["gain"], top["low"], top["high"])
+        # points, rounded as the report prints them: one unit, no float noise
+        assert (a.gain, a.gain_low, a.gain_high) == (
+            round(100 * top["gain"], 1),
+            round(100 * top["low"], 1),
+            round(100 * top["high"], 1),
         )
-        assert a.best_set == "t_small;t_mid;t_large" and a.n_replicates == 1 and a.exploratory
-        assert a.n_items == N and a.level == pytest.approx(group_level(a.student, a.regime))
-        assert a.effect_of_interest == pytest.approx(0.03)
+        assert a.best_set == "t_small;t_mid;t_large" and a.n_replicates == 1
+        assert (a.exploratory, a.action) == ("yes", "add_replicates")
+        assert a.n_items == N
+        assert a.level == round(100 * group_level(a.student, a.regime), 2)
+        assert a.effect_of_interest == 3.0
         assert _answer_row(report, a.student, a.regime).startswith(
-            f"| {a.task} | {a.student} | {a.regime} | {100 * a.base_acc:.1f} | {a.answer} "
-            f"{'(exploratory) ' if a.exploratory else ''}| "
-            f"{a.distill} | {a.teacher} | {signed(a.gain)} |"
+            f"| {a.task} | {a.student} | {a.regime} | {a.base_acc:.1f} | {a.answer} "
+            f"(exploratory) | {a.distill} | {a.teacher} | {a.gain:+.1f} |"
         )
+    text = (out / "answers.csv").read_text()
+    assert not re.search(r"\d\.\d{5,}", text), text  # 0.024999999999999998 and the like
     # the plots draw the teacher-level numbers of the leaderboard, verdicts included
     plot = pd.read_csv(out / "plot_data.csv")
     board = _board(out).query("row_type == 'distilled' and task == @TASK")
@@ -656,6 +674,35 @@ def test_a_teacher_without_a_correct_trace_is_a_warning_in_the_report(tmp_path: 
         (line,) = [x for x in warnings if x.startswith(f"- {c.label}: ")]
         assert "0 of 50 questions have a correct trace (100 samples)" in line
         assert "raise generate.n or generate.max_tokens" in line
+
+
+def test_empty_training_sets_are_skipped_not_incomplete_and_a_tiny_one_warns(
+    tmp_path: Path,
+) -> None:
+    """Every training set of the other task is empty (its teachers wrote no correct trace): its
+    adapters and evals are skipped on purpose, never "not computed yet", and the warning blames
+    the teacher, not train.max_length. An adapter that saw its one example 160 times warns."""
+    exp = _experiment(tmp_path)
+    store = Store(exp.root)
+    cells = grids.expand(exp).unique()
+    empty = [c for c in cells if c.kind == "dataset" and c.task == OTHER]
+    for c in empty:
+        _write(store, c, {"n_examples": 0, "n_dropped_overlong": 0, "train_tokens": 0})
+    tiny = next(c for c in cells if c.kind == "adapter" and c.task == TASK)
+    _write(store, tiny, {"examples": 1, "steps": 10, "effective_batch": 16, "epochs": 160.0})
+    _populate(exp, store)
+    out = analyze.run(exp, store, log=lambda _: None)
+    report = (out / "report.md").read_text()
+    assert json.loads((out / "analysis.json").read_text())["missing_cells"] == {}
+    assert "Incomplete" not in report and "not computed yet" not in report
+    warnings = _section(report, "Warnings").strip().splitlines()[2:]
+    for c in empty:
+        (line,) = [x for x in warnings if x.startswith(f"- {c.label}: ")]
+        assert "0 training examples: its teacher wrote no correct trace" in line
+        assert "train.max_length" not in line
+    (line,) = [x for x in warnings if x.startswith(f"- {tiny.label}: ")]
+    assert "1 training example(s) seen 160 times each (10 steps, batch 16)" in line
+    assert len(warnings) == len(empty) + 1
 
 
 def test_report_follows_the_data(tmp_path: Path) -> None:
@@ -1010,3 +1057,69 @@ def test_a_group_whose_training_sets_are_empty_still_has_its_answer(tmp_path: Pa
     assert sorted(rows["student"]) == sorted(STUDENTS)
     assert (rows["gain"] == 0).all() and (rows["gain_low"] <= 0).all()
     assert (rows["gain_high"] >= 0).all()
+
+
+def _decision(base_rate: float, posts: dict[str, float], n: int = 400, reps: int = 3) -> dict:
+    """A group decided by the real rule on synthetic 0/1 vectors: the baseline right on the first
+    base_rate share of items, each teacher's replicates on the first `post` share (ties between
+    replicates: no replicate spread)."""
+    base = (np.arange(n) < base_rate * n).astype(float)
+    draws = {t: [(np.arange(n) < p * n).astype(float)] * reps for t, p in posts.items()}
+    return teacher_level.decide_group(base, draws, effect=0.03).as_dict()
+
+
+def test_answers_rows_say_what_to_do_with_empty_teacher_for_none() -> None:
+    groups = {
+        "one": _decision(0.5, {"t_a": 0.8, "t_b": 0.5}),  # t_a beats everything: the answer
+        "none": _decision(0.5, {"t_a": 0.48, "t_b": 0.45}),  # below the baseline: none
+        "any": _decision(0.5, {"t_a": 0.8, "t_b": 0.8}),  # both better, neither best
+        "unclear": _decision(0.5, {"t_a": 0.53, "t_b": 0.5}, n=60),  # too few items to tell
+        "explore": _decision(0.5, {"t_a": 0.8, "t_b": 0.5}, reps=1),
+    }
+    table = analyze.answers_table(
+        None,  # type: ignore[arg-type]  (not read)
+        [
+            {"task": k, "student": "s", "regime": "per_teacher", "decision": d}
+            for k, d in groups.items()
+        ],  # fmt: skip
+    )
+    rows = {r["task"]: r for r in table.to_dict("records")}
+    assert (rows["one"]["answer"], rows["one"]["teacher"], rows["one"]["action"]) == (
+        "t_a", "t_a", "use_teacher"
+    )  # fmt: skip
+    none = rows["none"]
+    assert (none["answer"], none["distill"], none["action"]) == ("none", "no", "keep_baseline")
+    assert none["teacher"] == "" and none["best_set"] == ""  # nothing is recommended
+    assert none["gain"] == round(100 * groups["none"]["headline"]["gain"], 1) < 0
+    assert (rows["any"]["answer"], rows["any"]["distill"]) == ("inconclusive", "yes")
+    assert rows["any"]["action"] == "use_any_of_best_set"
+    assert rows["any"]["best_set"] == "t_a;t_b"
+    assert (rows["unclear"]["distill"], rows["unclear"]["action"]) == (
+        "inconclusive", "need_more_data"
+    )  # fmt: skip
+    assert (rows["explore"]["exploratory"], rows["explore"]["action"]) == ("yes", "add_replicates")
+    assert {r["exploratory"] for k, r in rows.items() if k != "explore"} == {"no"}
+    assert set(table["action"]) <= set(analyze.ACTIONS)
+    # one unit: points, rounded (base 50%, effect 3 points)
+    assert set(table["base_acc"]) == {50.0} and set(table["effect_of_interest"]) == {3.0}
+    assert rows["one"]["gain"] == 30.0
+
+
+def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path, capsys) -> None:
+    from harness import cli
+
+    groups = {"one": _decision(0.5, {"t_a": 0.8, "t_b": 0.5}),
+              "none": _decision(0.5, {"t_a": 0.48, "t_b": 0.45})}  # fmt: skip
+    table = analyze.answers_table(
+        None,  # type: ignore[arg-type]  (not read)
+        [
+            {"task": k, "student": "s", "regime": "per_teacher", "decision": d}
+            for k, d in groups.items()
+        ],  # fmt: skip
+    )
+    table.to_csv(tmp_path / "answers.csv", index=False)
+    cli._print_summary(tmp_path / "answers.csv")
+    lines = {x.split("│")[1].strip(): x for x in capsys.readouterr().out.splitlines()
+             if x.count("│") > 3 and x.split("│")[1].strip() in groups}  # fmt: skip
+    assert "use_teacher" in lines["one"] and "t_a +30.0 [" in lines["one"]
+    assert "keep_baseline" in lines["none"] and "t_a" not in lines["none"]

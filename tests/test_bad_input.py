@@ -437,6 +437,20 @@ CASES = {
         "model 'small': path '",
         "/models/not-there' is not an existing directory",
     ),
+    # the config named relative to the working directory: "./models/x" stays a folder, never a
+    # hub id "models/x" that only fails at run time
+    **{
+        f"missing_local_model_relative_config_{cmd}": _plain(
+            lambda ws, cmd=cmd: [
+                cmd,
+                ws.config(_set("students[0].path", "./models/not-there")).name,
+            ],
+            "model 'small': path '",
+            f"{os.sep}models{os.sep}not-there' is not an existing directory",
+            "relative to the config file's folder",
+        )
+        for cmd in ("validate", "plan")
+    },
     # --- CLI options ---
     "unknown_stage": _plain(
         lambda ws: ["run", ws.config(), "--only", "trian"],

@@ -119,3 +119,20 @@ def test_results_dir_is_relative_to_the_config_file(tmp_path):
     assert roots == {tmp_path / "configs" / "out" / "sandbox"}
     shipped = load_experiment(REPO / "configs" / "sandbox.yaml").root
     assert Path(shipped).resolve() == REPO / "results" / "sandbox"
+
+
+def test_the_command_lets_openmp_threads_sleep_before_torch_loads() -> None:
+    """`cotgap` itself (not only make) sets OMP_WAIT_POLICY=PASSIVE for its children and its own
+    torch import; a value the user set is kept."""
+    code = (
+        "import os, sys; sys.argv = ['cotgap', '--version']\n"
+        "from harness import cli\n"
+        "try:\n    cli.main()\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.split()[-2:] == ["PASSIVE", "False"], out.stdout + out.stderr
+    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "OMP_WAIT_POLICY": "ACTIVE"})  # fmt: skip
+    assert mine.stdout.split()[-2] == "ACTIVE"

@@ -259,3 +259,13 @@ def test_changelog_names_every_extractors_current_version() -> None:
         f"{n} {e.version}" for n, e in EXTRACTORS.items() if f"`{n}` {e.version}" not in latest
     ]
     assert missing == [], f"CHANGELOG.md's latest release does not name: {missing}"
+
+
+def test_readme_answers_row_has_the_files_columns() -> None:
+    """The README's annotated answers.csv row: the file's columns, in order, one value each."""
+    from harness.analysis.analyze import ANSWER_COLUMNS
+
+    (block,) = [b for b in blocks(ROOT / "README.md") if b.body.startswith("task,student,")]
+    header, row = block.body.strip().split("\n")
+    assert header.split(",") == list(ANSWER_COLUMNS)
+    assert len(row.split(",")) == len(ANSWER_COLUMNS)

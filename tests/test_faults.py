@@ -43,7 +43,7 @@ STAGES = {
     "traces": (r"generate \S+: traces:", 0.0, 1.0),
     "eval_pre": (r"evaluate \S+: eval:(teacher|baseline)", 0.0, 0.6),
     "dataset": (r"cells done\] dataset:", 0.0, 0.3),
-    "adapter": (r"train adapter:\S+: \d+ to do", 0.0, 1.2),
+    "adapter": (r"train adapter:\S+: \d+ steps to do", 0.0, 1.2),
     "eval": (r"evaluate \S+: eval:distilled", 0.0, 0.8),
     "analysis": (r"^analysis: ", 0.0, 1.5),
 }
@@ -299,7 +299,7 @@ def test_kills_during_a_training_group_always_make_progress(tmp_path):
     kept, lost, start = [0], [], time.time()
     for attempt in range(40):
         proc, log = cotgap_popen("train", str(config), env=one)
-        if not log.wait_for(r"train adapter:\S+: \d+ to do"):
+        if not log.wait_for(r"train adapter:\S+: \d+ steps to do"):
             break  # the run ended without training: nothing was left to do
         time.sleep(rng.uniform(CHECKPOINT_S + 1.0, CHECKPOINT_S + 2.0))
         if proc.poll() is not None:
@@ -337,7 +337,7 @@ def test_a_signal_stops_the_run_and_its_workers_and_the_run_resumes(tmp_path, si
     config = training_workspace(tmp_path, "sig", max_steps=GROUP_STEPS, checkpoint_seconds=1.0)
     root = load_experiment(config).root
     proc, log = cotgap_popen("train", str(config))
-    assert log.wait_for(r"train adapter:\S+: \d+ to do"), "".join(log.lines)
+    assert log.wait_for(r"train adapter:\S+: \d+ steps to do"), "".join(log.lines)
     time.sleep(1.5)
     workers = psutil.Process(proc.pid).children(recursive=True)
     assert workers, "no training worker to stop"

@@ -207,3 +207,12 @@ def test_phase_0_prompts_bbh_few_shot_from_the_packaged_prompts(shared_data, tmp
     for request, item in zip(sent, items, strict=True):
         assert all(f"Q: {q}\nA: {a}" in request.prompt for q, a in shots)
         assert request.prompt.endswith(f"Q: {item.question}\nA: Let's think step by step.")
+
+
+def test_make_install_ends_by_saying_it_is_done_and_what_comes_next() -> None:
+    """The last line `make install` prints (dry run: nothing is installed here)."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    out = subprocess.run(["make", "-n", "install"], cwd=REPO, capture_output=True, text=True)
+    last = out.stdout.strip().splitlines()[-1]
+    assert "make install: done" in last and "make demo" in last and "activate" in last, last

@@ -220,6 +220,19 @@ def test_model_names():
     assert model_name("./models/my model/") == "my-model"
 
 
+def test_one_default_effect_of_interest():
+    """`distill --effect`, the quick commands and a config without analysis: one default, so
+    `none` rules out the same gain everywhere."""
+    import inspect
+
+    from harness import cli, quick
+    from harness.config.schema import AnalysisConfig
+
+    default = AnalysisConfig().effect_of_interest
+    assert inspect.signature(cli.distill).parameters["effect"].default == default
+    assert quick.Settings().effect == default
+
+
 def test_quick_errors_exit_2(tmp_path):
     unknown = cotgap("eval", "sandbox:student-xs", "--tasks", "no_such_task", cwd=tmp_path)
     assert unknown.returncode == 2 and "no_such_task" in unknown.stderr
@@ -235,6 +248,8 @@ def test_eval_prints_its_interval_and_a_grid_reuses_its_cell(tmp_path):
     args = ("--tasks", "sandbox_addition", "--limit", "6", "--max-tokens", "48")
     out = cotgap("eval", "sandbox:student-xs", *args, "--results-dir", str(results), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
+    # one phase of the grid's six: named without "phase 2/6"
+    assert "phase 2/6" not in out.stderr and "evaluate: " in out.stderr, out.stderr
     cell = Path(re.search(r"(\S+/cells/eval/[0-9a-f]+)", out.stdout.replace("\n", "")).group(1))
     records = [json.loads(line) for line in (cell / "predictions.jsonl").read_text().splitlines()]
     correct = [r["correct"] for r in records]
@@ -330,7 +345,27 @@ def test_a_teacher_with_no_usable_trace_is_said_with_the_fix(tmp_path):
         in err
     )
     assert "100% of 4 completions were cut at max_tokens (4); raise generate.max_tokens" in err
-    assert "0 training examples after filtering" in err and "train.max_length 512" in err
+    # the teacher is the cause: nothing was dropped, so no advice about train.max_length
+    assert "0 training examples: its teacher wrote no correct trace" in err
+    assert "train.max_length" not in err
+
+
+@pytest.mark.slow
+def test_distill_with_a_teacher_that_gives_no_example_says_so_without_a_traceback(tmp_path):
+    """Four tokens per trace: none is correct, the training set is empty, nothing is trained."""
+    out = cotgap(
+        "distill", "--teacher", "sandbox:teacher-s", "--student", "sandbox:student-xs",
+        "--task", "sandbox_addition", "--limit", "4", "--train-limit", "4", "--max-steps", "2",
+        "--samples", "1", "--max-tokens", "4", "--results-dir", str(tmp_path / "quick"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    text = " ".join(out.stdout.split())
+    assert "no distilled student" in text and "examples per trace draw: 0" in text, text
+    assert re.search(r"baseline \d+\.\d% \[\d+\.\d, \d+\.\d\]", text), text
+    err = " ".join(out.stderr.split())
+    assert "0 of 4 questions have a correct trace" in err, err
 
 
 # --- readable outputs ----------------------------------------------------------------------------

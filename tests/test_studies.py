@@ -89,6 +89,12 @@ def test_a_flip_counts_only_where_both_answers_are_shown(ref, other, status):
     assert got["status"] == status
 
 
+def test_a_flip_row_never_contrasts_a_teacher_with_itself():
+    """A is point-best in both regimes: there is no pair A − B to contrast, and the row says so."""
+    got = st.flip(_decision("A"), _decision("A"), {}, ("t", "s"), "intersection", 0.05)
+    assert got["pair"] == "A point-best in both" and got["interaction"] is None
+
+
 def test_win_rate_bins_cover_every_pair_and_say_too_few_with_three_teachers():
     frame = bench.teacher_grid(np.random.default_rng(0), lambda a, s, n: 0.3 * a, tasks=1)
     pairs = st.teacher_pairs(frame)

@@ -392,6 +392,39 @@ def test_a_screened_out_row_is_reported_as_such_not_as_missing(viewed, tmp_path,
     assert rows == [{"task": TASK, "missing": f"not trained: {why}"}]
 
 
+def test_the_page_carries_the_answers_legend_and_the_warnings(viewed, tmp_path: Path) -> None:
+    """The words of the answers table are defined on the page (answers.csv's own definitions),
+    and the analysis's warnings are listed: a weak run looks weak in the viewer too."""
+    exp, _, index, _ = viewed
+    legend = dict(index["answers"]["legend"])
+    assert set(legend) == {"answer", "distill", "action", "verdict", "exploratory"}
+    assert (
+        legend["action"] == analyze.ANSWER_COLUMNS["action"] and "keep_baseline" in legend["action"]
+    )
+    result = json.loads((exp.root / "analysis" / "analysis.json").read_text())
+    assert index["warnings"] == result["warnings"]
+    line = "traces:teacher/t_a/x: 0 of 12 questions have a correct trace"
+    (exp.root / "analysis" / "analysis.json").write_text(json.dumps({**result, "warnings": [line]}))
+    out = view.write(exp.root, tmp_path / "v.html")
+    assert view.embedded(out.read_text(encoding="utf-8"))[0]["warnings"] == [line]
+
+
+def test_a_gain_that_prints_as_zero_is_neither_green_nor_red(viewed) -> None:
+    """The board's colour of a gain, run in node: what prints as 0.0 points has no colour."""
+    import shutil
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run the page's script")
+    _, path, _, _ = viewed
+    page = path.read_text(encoding="utf-8")
+    fn = re.search(r"function signClass\(v\) \{.*?\n\}", page, re.S).group(0)
+    values = [0.0, 0.0004, -0.0004, 0.001, -0.02]
+    code = f"{fn}\nconsole.log(JSON.stringify({json.dumps(values)}.map(signClass)))"
+    out = subprocess.run([node, "-e", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == ["", "", "", " pos", " neg"]
+
+
 def test_the_page_states_the_teacher_level_capacity_gap_test(viewed) -> None:
     """The report's capacity-gap test reaches the page with its 'too few' (this grid's teachers
     cannot reach p <= 0.05 in any order), worded as the report words it."""

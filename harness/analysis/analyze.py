@@ -863,25 +863,58 @@ def _answer_kind(answer: str) -> str:
 
 
 def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame:
-    """analysis/answers.csv: one row per decision group, the report's first table."""
+    """analysis/answers.csv: one row per decision group, the report's first table, in points
+    rounded to what the intervals can tell (ANSWER_COLUMNS)."""
     rows = []
     for g in groups:
         d = g["decision"]
         if not d:
             continue
         h = d["headline"]
+        none = d["answer"] == teacher_level.ANSWERS_NONE
         rows.append(
             {"task": g["task"], "student": g["student"], "regime": g["regime"],
-             "method": regimes.method_of(g["regime"]), "answer": d["answer"], "distill": d["distill"], "teacher": h["teacher"],
-             "gain": h["gain"], "gain_low": h["gain_low"], "gain_high": h["gain_high"],
+             "method": regimes.method_of(g["regime"]), "answer": d["answer"],
+             "distill": d["distill"], "action": answer_action(d),
+             "teacher": "" if none else h["teacher"], "gain": points(h["gain"]),
+             "gain_low": points(h["gain_low"]), "gain_high": points(h["gain_high"]),
              "verdict": h["verdict"], "clears_effect": d["clears_effect"],
-             "base_acc": d["base_acc"],
-             "best_set": ";".join(d["best_set"]),
+             "base_acc": points(d["base_acc"]),
+             "best_set": "" if none else ";".join(d["best_set"]),
              "n_replicates": min(t["n_replicates"] for t in d["teachers"]),
-             "exploratory": d["exploratory"], "n_items": d["n_items"],
-             "level": h["level"], "effect_of_interest": d["effect"]}
+             "exploratory": "yes" if d["exploratory"] else "no", "n_items": d["n_items"],
+             "level": points(h["level"], 2), "effect_of_interest": points(d["effect"])}
         )  # fmt: skip
     return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS))
+
+
+def points(x: float, digits: int = 1) -> float:
+    """A fraction as points (percent), rounded: the unit of answers.csv, the report and the
+    terminal; 0.024999999999999998 is 2.5."""
+    return round(100 * x, digits) if x == x else NAN
+
+
+ACTIONS: dict[str, str] = {
+    "use_teacher": "distill from `teacher`",
+    "use_any_of_best_set": "distill from any teacher of `best_set`: each beats the baseline and "
+    "none is shown better than the others, so pick the cheapest",
+    "keep_baseline": "do not distill: no teacher gains `effect_of_interest` or more",
+    "add_replicates": "exploratory: add replicates (train.seeds, generate.seeds) until "
+    "analysis.min_replicates; nothing is claimed yet",
+    "need_more_data": "the data cannot tell: more test items or replicates (`cotgap plan` gives "
+    "the smallest gain they detect), or a larger effect_of_interest",
+}
+
+
+def answer_action(d: dict[str, Any]) -> str:
+    """What a decision asks its reader to do, one word of ACTIONS."""
+    if d["exploratory"]:
+        return "add_replicates"
+    if d["answer"] == teacher_level.ANSWERS_NONE:
+        return "keep_baseline"
+    if d["answer"] != teacher_level.INCONCLUSIVE:
+        return "use_teacher"
+    return "use_any_of_best_set" if d["distill"] == "yes" else "need_more_data"
 
 
 ANSWER_COLUMNS: dict[str, str] = {
@@ -889,27 +922,34 @@ ANSWER_COLUMNS: dict[str, str] = {
     "student": "student model",
     "regime": "training-set regime (with @align when budgets are aligned, +method unless sft)",
     "method": "distillation method: sft | kd | on_policy",
-    "answer": "the teacher to distill from | none (no teacher can beat the baseline by the effect "
-    "of interest) | inconclusive",
-    "distill": "does distilling beat not distilling: yes | no | inconclusive",
-    "teacher": "the teacher whose gain the row quotes: the answer, else the teacher with the "
-    "largest gain that beats the baseline, else the largest point estimate",
-    "gain": "that teacher's gain over the baseline, mean over replicates, a fraction",
-    "gain_low": "lower end of its interval over test items and replicates (simultaneous over "
-    "the group's comparisons, a max-t family, at the per-comparison `level`)",
-    "gain_high": "upper end of that interval",
+    "answer": "a teacher's name: distill from it (it beats the baseline and is the only member "
+    "of the best set) | none: no teacher can beat the baseline by `effect_of_interest` (every "
+    "gain interval lies below it); a smaller gain is not ruled out, and a teacher's own verdict "
+    "may still be inconclusive | inconclusive: neither",
+    "distill": "does distilling beat not distilling: yes (a teacher is better than the baseline) "
+    "| no (the answer is none) | inconclusive (no teacher is better, and one may still be)",
+    "action": "what to do, for a script: " + " | ".join(f"{k}: {v}" for k, v in ACTIONS.items()),
+    "teacher": "the teacher whose gain the row quotes: the answer; else the teacher with the "
+    "largest gain that beats the baseline; else the largest point estimate; empty when the "
+    "answer is none (no teacher is recommended)",
+    "gain": "the quoted gain over the baseline, points, mean over replicates (answer none: the "
+    "largest gain of any teacher)",
+    "gain_low": "lower end of its interval over test items and replicates, points (simultaneous "
+    "over the group's comparisons, a max-t family, at the per-comparison `level`)",
+    "gain_high": "upper end of that interval, points",
     "verdict": "that teacher against the baseline: better | worse | equivalent | inconclusive",
     "clears_effect": "does that teacher's gain clear the effect of interest: yes (its interval "
     "lies above +effect_of_interest) | no (below it; always on a `none` answer) | inconclusive",
-    "base_acc": "the student's own baseline accuracy",
-    "best_set": "confidence set for the best teacher (multiple comparisons with the best): "
-    "every teacher no other is shown above",
+    "base_acc": "the student's own baseline accuracy, points",
+    "best_set": "confidence set for the best teacher (multiple comparisons with the best), names "
+    "separated by ';': every teacher no other is shown above; empty when the answer is none",
     "n_replicates": "fewest replicate units of any teacher in the group",
-    "exploratory": "true when a teacher has fewer than analysis.min_replicates replicates: "
-    "nothing is claimed",
+    "exploratory": "yes when a teacher has fewer than analysis.min_replicates replicates: "
+    "nothing is claimed; else no",
     "n_items": "test items",
-    "level": "confidence level of the quoted interval",
-    "effect_of_interest": "the effect of interest, a fraction: equivalence margin and `none` bar",
+    "level": "confidence level of the quoted interval, percent",
+    "effect_of_interest": "the effect of interest, points: the equivalence margin and the bar "
+    "`none` rules out",
 }
 
 

@@ -1,11 +1,12 @@
 """Cells that completed but give nothing usable, said in a run's output with the number and what
-to change: a teacher with no correct trace, a training set left empty, completions cut at
-max_tokens or without an answer the task's extractor reads.
+to change: a teacher with no correct trace, a training set left empty or so small that it is learnt by
+heart, completions cut at max_tokens or without an answer the task's extractor reads.
 
     cotgap run configs/sandbox.yaml    (the lines follow "computed N cell(s)")
 
 Each complete cell's manifest summary is read (traces: yield, truncation and format-failure
-rates; dataset: n_examples; eval: truncation and format-failure rates); nothing is recomputed.
+rates; dataset: n_examples; adapter: examples and epochs; eval: truncation and format-failure
+rates); nothing is recomputed.
 """
 
 from __future__ import annotations
@@ -73,11 +74,31 @@ def _dataset(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
         return []
     overlong = s.get("n_dropped_overlong", 0)
     filtered = s.get("n_filtered", 0)
+    if not overlong and not filtered:  # nothing was dropped: the teacher gave nothing to keep
+        return [
+            f"{c.label}: 0 training examples: its teacher wrote no correct trace to train on "
+            "(see its traces above), so its adapters and evals are skipped; raise generate.n or "
+            "generate.max_tokens, check the prompt, or choose a stronger teacher"
+        ]
     return [
         f"{c.label}: 0 training examples after filtering ({overlong} dropped as longer than "
         f"train.max_length {exp.train.max_length}, {filtered} by train.filter_by): its adapters "
-        "and evals are skipped; see its teacher's traces above, raise train.max_length or "
-        "lower train.filter_drop"
+        "and evals are skipped; raise train.max_length or lower train.filter_drop"
+    ]
+
+
+REPEATS = 50  # epochs beyond which a training set is learnt by heart
+
+
+def _adapter(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
+    n, epochs, batch = s.get("examples") or 0, s.get("epochs") or 0, s.get("effective_batch") or 0
+    if not n or (epochs <= REPEATS and n >= batch):
+        return []
+    return [
+        f"{c.label}: {n} training example(s) seen {epochs:.0f} times each ({s.get('steps')} "
+        f"steps, batch {batch}): the adapter learns them by heart and its gain says little about "
+        "the teacher; give the teacher more training questions (the task's train_limit, "
+        "generate.n) or train fewer steps (train.max_steps, train.epochs)"
     ]
 
 
@@ -85,4 +106,4 @@ def _eval(exp: Experiment, c: Cell, s: dict[str, Any]) -> list[str]:
     return _rates(c, s, s.get("n", 0), "evaluate", exp.evaluate.max_tokens)
 
 
-_CHECKS = {"traces": _traces, "dataset": _dataset, "eval": _eval}
+_CHECKS = {"traces": _traces, "dataset": _dataset, "adapter": _adapter, "eval": _eval}

@@ -194,9 +194,10 @@ def answer_row(g: dict[str, Any]) -> list[str]:
     h = d["headline"]
     reps = min(t["n_replicates"] for t in d["teachers"])
     answer = d["answer"] + (" (exploratory)" if d["exploratory"] else "")
+    none = d["answer"] == "none"  # no teacher is recommended: none is named
     return [g["task"], g["student"], g["regime"], pts(d["base_acc"]), answer, d["distill"],
-            h["teacher"], spts(h["gain"]), ci(h["gain_low"], h["gain_high"]),
-            d["clears_effect"], ", ".join(d["best_set"]), str(reps)]  # fmt: skip
+            "" if none else h["teacher"], spts(h["gain"]), ci(h["gain_low"], h["gain_high"]),
+            d["clears_effect"], "" if none else ", ".join(d["best_set"]), str(reps)]  # fmt: skip
 
 
 ANSWER_HEADER = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain",
@@ -222,9 +223,14 @@ def _answers(r: dict[str, Any]) -> str:
         f"effect?** says whether its gain is shown above {effect} (yes), below (no), or neither",
         f"**none**: no teacher beats the baseline, and every teacher's gain is shown below "
         f"{effect} (each one-sided at {100 * (1 - a['ci']):g}%, an intersection-union test at "
-        f"that level); keep the base student",
-        "**inconclusive**: neither; distill? yes: a teacher beats the baseline, but the best "
-        "set holds several",
+        "that level); keep the base student. It rules out a gain that large, not a smaller one: "
+        "a teacher's own verdict may stay inconclusive; its row quotes the largest gain and "
+        "names no teacher",
+        "**inconclusive**: neither. With distill? yes, several teachers beat the baseline and "
+        "none is shown better than the others (the best set): distill from any of them, the "
+        "cheapest. With distill? inconclusive, no teacher is shown better than the baseline and "
+        "one may still be: more test items or replicates (`cotgap plan` gives the smallest gain "
+        "they detect)",
         f"**exploratory**: fewer than {a['min_replicates']} replicates per teacher "
         "(analysis.min_replicates): nothing is claimed, the row quotes the largest gain",
         "**per teacher** (appendices): better / worse: the interval excludes 0; equivalent: it "
@@ -647,12 +653,26 @@ def _spread(r: dict[str, Any]) -> str:
         for i, t in enumerate(r["task_spread"], 1)
     ]  # fmt: skip
     sel = r["selected_tasks"]
-    header = ["rank", "task", "spread", "strongest teacher", "weakest teacher", "selected"]
+    over = f"{len(sel)} of {len(rows)} tasks{': ' + ', '.join(sel) if sel else ''}"
+    if r.get("selection"):  # select: configured: the spread decided which tasks ran
+        header = ["rank", "task", "spread", "strongest teacher", "weakest teacher", "selected"]
+        said = f"With a threshold of {r['spread_threshold']:g} points, {over} are selected."
+    else:
+        header = [
+            "rank",
+            "task",
+            "spread",
+            "strongest teacher",
+            "weakest teacher",
+            "over threshold",
+        ]
+        said = (
+            "No task pre-selection is configured (`select:`): every task ran. A description: "
+            f"{over} have a spread over analysis.spread_threshold ({r['spread_threshold']:g} points)."
+        )
     return (
         "## Tasks by teacher accuracy spread\n\n"
-        f"Spread = max − min teacher accuracy. With a threshold of {r['spread_threshold']:g} points, "
-        f"{len(sel)} of {len(rows)} tasks are selected{': ' + ', '.join(sel) if sel else ''}.\n\n"
-        + md_table(header, rows)
+        f"Spread = max − min teacher accuracy. {said}\n\n" + md_table(header, rows)
     )
 
 
@@ -879,7 +899,7 @@ def capacity_gap(p: pd.DataFrame, path: Path) -> Path:
             if x == "teacher_size" and mine[x].notna().any() and (mine[x].dropna() > 0).all():
                 ax.set_xscale("log")
             ax.set_xlabel(label, fontsize=8)
-            ax.set_title(regime, fontsize=9)
+            ax.set_title(f"{regime}: gain vs {label.removesuffix(' (points)')}", fontsize=9)
             ax.tick_params(labelsize=8)
         axes[i][0].set_ylabel("gain over the baseline (points)", fontsize=8)
     handles = [Line2D([], [], color=_student_color(students, s), marker="o", label=s)

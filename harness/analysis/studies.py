@@ -487,7 +487,8 @@ def flip(
             ranking += 1
         elif np.sign(p["diff"]) * np.sign(q["diff"]) < 0:
             reversals += 1
-    return {"answer_ref": ref["answer"], "answer": other["answer"], "pair": f"{a} − {b}",
+    pair = f"{a} − {b}" if a != b else f"{a} point-best in both"  # no pair to contrast
+    return {"answer_ref": ref["answer"], "answer": other["answer"], "pair": pair,
             "interaction": interaction, "ranking_flips": ranking, "point_reversals": reversals,
             "status": status}  # fmt: skip
 

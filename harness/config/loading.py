@@ -188,8 +188,10 @@ def _relative_to(exp: Experiment, base: Path) -> Experiment:
     def model_path(p: str) -> str:
         if p.startswith("gguf:") and (p.endswith(".gguf") or p.startswith(("gguf:.", "gguf:~"))):
             return "gguf:" + under(p.removeprefix("gguf:"))
+        # absolute: a folder written as a relative path stays one even where it does not exist
+        # (a relative result would read as a hub id org/name and fail at run time, not validate)
         if p.startswith(("./", "../", "~")) or (":" not in p and (base / p).is_dir()):
-            return under(p)
+            return os.path.abspath(under(p))
         return p
 
     def models_(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:

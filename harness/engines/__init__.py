@@ -32,6 +32,7 @@ from harness.engines.hf_engine import HFEngine
 from harness.engines.openai_engine import OpenAIEngine
 from harness.engines.vllm_engine import VllmEngine
 from harness.errors import UserError
+from harness.models import sources as models
 
 __all__ = [
     "ENGINES",
@@ -71,7 +72,31 @@ def load(
         return engine
     if name not in ENGINES:
         raise UserError(f"unknown engine {name!r}; valid: {', '.join(sorted(ENGINES))}")
-    return ENGINES[name](spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs)
+    _convert_first(spec)
+    emit({"status": f"starting the {name} engine"})
+    began = time.perf_counter()
+    engine = ENGINES[name](
+        spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs
+    )
+    emit({"status": f"{name} engine up in {time.perf_counter() - began:.0f} s"})
+    return engine
+
+
+def _convert_first(spec: ModelSpec) -> None:
+    """A GGUF model not converted yet is converted here, said before and after: the one-time
+    de-quantisation takes tens of seconds with nothing else to show."""
+    from harness.models import gguf
+
+    if not spec.path.startswith(gguf.PREFIX) or models.directory_here(spec) is not None:
+        return
+    emit(
+        {
+            "status": f"converting {spec.path} to float32 safetensors (once; kept in {gguf.gguf_dir()})"
+        }
+    )
+    began = time.perf_counter()
+    models.resolve(spec)
+    emit({"status": f"converted {spec.path} in {time.perf_counter() - began:.0f} s"})
 
 
 # --- the child process ----------------------------------------------------------------------------

@@ -10,7 +10,9 @@ complete on disk is skipped, so a killed run resumes and a second run computes n
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -92,7 +94,7 @@ def evaluate_adapter(
 
 
 def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
-    """Upper bounds of the work, from configs and declared split sizes; loads no model or data."""
+    """Upper bounds of the work, from configs and split sizes (`split_sizes`); loads no model."""
     out = {"generated_tokens_max": 0, "eval_tokens_max": 0, "train_steps": 0, "train_tokens_max": 0}
     names = {"generate": "generated_tokens_max", "evaluate": "eval_tokens_max"}
     for (stage, _), work in work_by_model(exp, cells).items():
@@ -104,14 +106,38 @@ def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
     return out
 
 
+def split_sizes(exp: Experiment) -> dict[str, dict[str, int]]:
+    """Items of each split of the experiment's tasks: the task file's `sizes`, else, for a task
+    read from local files (no hub source), the items counted as `cotgap ls items` counts them;
+    a split that cannot be counted here is left out (unknown)."""
+    out: dict[str, dict[str, int]] = {}
+    for t in exp.tasks:
+        spec = tasks.task_spec(t.name)
+        sizes = dict(tasks.split_sizes(spec))
+        if spec.source.hub is None and spec.source.sandbox is None:
+            for split in ("train", "test"):
+                if split not in sizes:  # a split without its file here stays unknown
+                    with contextlib.suppress(UserError):
+                        sizes[split] = len(tasks.load_items(spec, split, exp.data_dir))
+        out[t.name] = sizes
+    return out
+
+
+def _n_items(task: dict[str, Any], sizes: dict[str, dict[str, int]]) -> int:
+    """The items a cell's task config reads: its limit, at most the split's size (0: unknown)."""
+    size = sizes.get(task.get("name"), {}).get(task.get("split"))
+    limit = task.get("limit")
+    return min(limit, size) if limit and size else limit or size or 0
+
+
 def work_by_model(exp: Experiment, cells: list[Cell]) -> dict[tuple[str, str], dict[str, int]]:
     """Tokens (upper bounds) and optimizer steps of each (stage, model): generate, evaluate,
     train."""
-    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    sizes = split_sizes(exp)
     out: dict[tuple[str, str], dict[str, int]] = {}
     for c in cells:
         t = c.config.get("task", {})
-        n_items = t.get("limit") or sizes.get(t.get("name"), {}).get(t.get("split"), 0) or 0
+        n_items = _n_items(t, sizes)
         steps, tokens, stage = 0, 0, c.stage
         if c.kind == "traces":
             tokens = n_items * exp.generate.n * exp.generate.max_tokens
@@ -338,7 +364,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     from harness.stats import teacher_level
 
     a = exp.analysis
-    sizes = {row["name"]: row.get("sizes") or {} for row in tasks.list_tasks_table()}
+    sizes = split_sizes(exp)
     effect = a.effect_of_interest
     reps = replicate_units(exp)
     m = len(exp.teachers)
@@ -347,7 +373,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     designs: dict[tuple[str, int, float | None, float], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
-        n = t.get("limit") or sizes.get(task, {}).get(t.get("split"), 0) or 0
+        n = _n_items(t, sizes)
         base = ((store.manifest("eval", cell.key) or {}).get("summary") or {}).get("accuracy")
         sd = measured.get((task, student), math.nan)
         conc = concordances.get((task, student), 0.0)
@@ -471,6 +497,7 @@ def device_line() -> str:
 def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     """GPU memory each model needs and whether it fits `estimate.gpu_memory_gb` GPUs, then the
     GPU-hours of each stage (harness/workflow/estimate.py says how they are estimated)."""
+    from harness import devices
     from harness.workflow import estimate
 
     lines = [device_line(), f"GPU memory per model (GPUs of {exp.costs.gpu_memory_gb:g} GB):"]
@@ -482,7 +509,10 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
             lines.append(f"  {m.name}: served at {m.engine.base_url} (no GPU memory here)")
             continue
         if not serve:
-            lines.append(f"  {m.name}: shape unknown (not on this machine, not in estimate.KNOWN)")
+            why = "not on this machine, not in estimate.KNOWN"
+            if m.path and m.path.startswith("gguf:"):
+                why = f"not converted yet: `cotgap models import {m.path.removeprefix('gguf:')}`"
+            lines.append(f"  {m.name}: shape unknown ({why})")
             continue
         fit = "fits" if serve["fits"] else "[red]does not fit[/]"
         dp = serve["replicas"]
@@ -510,12 +540,43 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     lines.append(f"GPU-hours to run (upper bounds; throughput: {', '.join(sources) or '-'}):")
     for stage in ("generate", "evaluate", "train"):
         if stage in hours:
-            lines.append(f"  {stage}: {hours[stage]:,.1f}")
-    lines.append(f"  total: {sum(hours.values()):,.1f}")
+            lines.append(f"  {stage}: {_amount(hours[stage], '.1f')}")
+    lines.append(f"  total: {_amount(sum(hours.values()), '.1f')}")
     for model, cost in estimate.served_cost(exp, tokens).items():
         price = "no price in costs.prices" if cost != cost else f"at most {cost:,.2f}"
         lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
+    if not devices.node_gpus():
+        cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1
+        )
+        adapters = sum(1 for c in cells if c.kind == "adapter")
+        secs = estimate.cpu_seconds(exp, work, adapters, cores)
+        lines.append(
+            f"CPU wall time here, {cores} cores (rough upper bound: every sample runs to max_tokens; "
+            "rates assumed in harness/workflow/estimate.py):"
+        )
+        for stage in ("generate", "evaluate", "train"):
+            if stage in secs:
+                lines.append(f"  {stage}: {_minutes(secs[stage])}")
+        lines.append(f"  total: {_minutes(sum(secs.values()))}")
     return lines
+
+
+def _amount(x: float, spec: str) -> str:
+    """A number, or why there is none (a NaN comes from a model whose size is unknown)."""
+    return (
+        "unknown (a model's size is unknown: give its `size` in the config)"
+        if x != x
+        else f"{x:,{spec}}"
+    )
+
+
+def _minutes(secs: float) -> str:
+    if secs != secs:
+        return _amount(secs, ".1f")
+    return f"{secs / 60:,.1f} min" if secs >= 60 else f"{secs:.0f} s"
 
 
 def _needs(exp: Experiment, c: Cell, gpus_here: bool = True) -> str:

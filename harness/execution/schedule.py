@@ -276,7 +276,7 @@ class Schedule:
             stage, title = PHASES[phase]
             self.emit(
                 "phase_done",
-                f"phase {phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) done"
+                f"{self.phase_name(phase)}: {n} cell(s) done"
                 + (f", {skipped} skipped" if skipped else "")
                 + f" in {took:.1f} s",
                 phase=phase,
@@ -356,6 +356,14 @@ class Schedule:
         self.pending.pop(c.key)
         return True
 
+    def phase_name(self, phase: int) -> str:
+        """ "phase 2/6 evaluate: …" in a run of several phases (the phases of docs/results.md);
+        without the number where this run's work is all of one phase (a quick `eval`)."""
+        stage, title = PHASES[phase]
+        if len({c.phase for c in self.work}) == 1:
+            return f"{stage}: {title}"
+        return f"phase {phase}/{max(PHASES)} {stage}: {title}"
+
     def _start(self, g: Group) -> None:
         if g.phase not in self._phase_began:
             self._phase_began[g.phase] = time.perf_counter()
@@ -366,7 +374,7 @@ class Schedule:
             n = len(self._phase_planned[g.phase])
             self.emit(
                 "phase",
-                f"phase {g.phase}/{max(PHASES)} {stage}: {title}: {n} cell(s) planned",
+                f"{self.phase_name(g.phase)}: {n} cell(s) planned",
                 phase=g.phase,
                 stage=stage,
                 cells=n,
@@ -510,9 +518,7 @@ class PhaseProgress:
                     c.key for c in self.sched.pending.values() if c.phase == fields["phase"]
                 }
                 self.finished, self.running = set(), None
-                stage, title = PHASES[fields["phase"]]
-                where = f"phase {fields['phase']}/{max(PHASES)} {stage}: {title}"
-                self.bar.start(where, len(self.phase_keys))
+                self.bar.start(self.sched.phase_name(fields["phase"]), len(self.phase_keys))
                 say = None
             elif event == "group":
                 self.running, say = (fields["kind"], list(fields["cells"])), None

@@ -124,6 +124,12 @@ def provenance(ref: str, who: str) -> dict[str, Any]:
     }
 
 
+def converted_dir(prov: dict[str, Any]) -> Path:
+    """Where the conversion of the file `prov` (its `provenance`) goes; complete once it holds
+    gguf.json."""
+    return gguf_dir() / f"{Path(prov['file']).stem}-{prov['sha256'][:12]}"
+
+
 def convert(ref: str, who: str) -> Path:
     """The converted directory of `ref`, converting it on first use (a file lock lets concurrent
     callers share one conversion)."""
@@ -131,7 +137,7 @@ def convert(ref: str, who: str) -> Path:
 
     prov = provenance(ref, who)
     root = gguf_dir()
-    final = root / f"{Path(prov['file']).stem}-{prov['sha256'][:12]}"
+    final = converted_dir(prov)
     if (final / "gguf.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)

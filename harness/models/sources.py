@@ -89,8 +89,10 @@ def _local_dir(spec: ModelSpec) -> str:
 
 def _missing(spec: ModelSpec) -> Any:
     raise UserError(
-        f"model {spec.name!r}: path {spec.path!r} is not an existing directory; fix the path "
-        "in the config, or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
+        f"model {spec.name!r}: path {spec.path!r} is not an existing directory (a relative path "
+        "is taken relative to the config file's folder, on the command line to the working "
+        "directory); fix the path in the config, or give a "
+        "hub id (org/name), sandbox:<zoo model> or gguf:<file>."
     )
 
 
@@ -198,6 +200,23 @@ def identity(spec: ModelSpec) -> dict[str, Any]:
 def resolve(spec: ModelSpec) -> str:
     """A local directory holding the model: converted from GGUF or downloaded on first use."""
     return source(spec).resolve(spec)
+
+
+def directory_here(spec: ModelSpec) -> Path | None:
+    """The model's directory when it is on this machine already (a built zoo model, a local
+    folder, a converted GGUF file); None otherwise. Nothing is converted or downloaded."""
+    if spec.served or not spec.path:
+        return None
+    try:
+        if spec.path.startswith(SANDBOX_PREFIX):
+            return Path(_sandbox_dir(spec))
+        if spec.path.startswith(gguf.PREFIX):
+            d = gguf.converted_dir(gguf.provenance(*_gguf_ref(spec)))
+            return d if (d / "gguf.json").is_file() else None
+        d = Path(spec.path).expanduser()
+        return d if (d / "config.json").is_file() else None
+    except UserError:
+        return None
 
 
 def param_count(spec: ModelSpec) -> int | None:

@@ -275,11 +275,13 @@ def build(root: Path, data_dir: str | None = None) -> str:
     if (analysis / "answers.csv").exists():
         with open(analysis / "answers.csv", newline="", encoding="utf-8") as f:
             table = list(csv.reader(f))
-        answers = {"columns": table[0], "rows": [[_cell_value(v) for v in r] for r in table[1:]]}
+        answers = {"columns": table[0], "rows": [[_cell_value(v) for v in r] for r in table[1:]],
+                   "legend": _legend(table[0])}  # fmt: skip
     report = analysis / "report.md"
     if report.exists():
         blocks["report"] = _pack(read_utf8(report))
     studies = _studies(analysis / "analysis.json")
+    warnings = _warnings(analysis / "analysis.json")
 
     index = {
         "title": root.name,
@@ -288,6 +290,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
         "columns": columns,
         "rows": [[_cell_value(v) for v in r] for r in rows],
         "answers": answers,
+        "warnings": warnings,
         "studies": studies,
         "distilled": {str(k): v for k, v in distilled.items()},
         "figures": figures,
@@ -324,6 +327,23 @@ def _studies(path: Path) -> dict[str, Any]:
                                     "readings": [g.replace("**", "") for g in gap],
                                     "tables": []}  # fmt: skip
     return out
+
+
+LEGEND = ("answer", "distill", "action", "verdict", "exploratory")  # the words a reader acts on
+
+
+def _legend(columns: list[str]) -> list[list[str]]:
+    """What each word of the answers table means: answers.csv's own column definitions."""
+    from harness.analysis.analyze import ANSWER_COLUMNS
+
+    return [[c, ANSWER_COLUMNS[c]] for c in LEGEND if c in columns and c in ANSWER_COLUMNS]
+
+
+def _warnings(path: Path) -> list[str]:
+    """The analysis's warnings (cells that give nothing usable), as `cotgap run` prints them."""
+    if not path.exists():
+        return []
+    return list(read_json(path, "re-run `cotgap analyze <config>`").get("warnings") or [])
 
 
 def _cell_value(v: str) -> Any:
@@ -372,7 +392,9 @@ h1{font-size:1.4em} h2{font-size:1.15em;margin-top:1.6em}
 table{border-collapse:collapse;font-size:12.5px}
 th,td{border:1px solid #ddd;padding:2px 6px;text-align:left;vertical-align:top}
 #board td{white-space:nowrap}
-th{background:#f3f3f3;cursor:pointer;position:sticky;top:0;white-space:nowrap}
+th{background:#f3f3f3;cursor:pointer;position:sticky;top:0;max-width:7em;overflow-wrap:anywhere}
+dl#legend{font-size:12.5px;max-width:70em} dl#legend dt{font-weight:600;margin-top:.3em}
+dl#legend dd{margin-left:1.5em} #warnings li{color:#8a4b00;max-width:70em}
 tr.distilled{cursor:pointer} tr.distilled:hover{background:#eef5ff} tr.open{background:#dbeaff}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .neg{color:#b00} .pos{color:#070}
@@ -387,7 +409,9 @@ pre{white-space:pre-wrap;background:#f7f7f7;padding:6px;margin:2px 0 8px;max-hei
 <p class="note" id="meta"></p>
 <h2>Answers</h2>
 <div class="wrap"><table id="answers"><thead></thead><tbody></tbody></table></div>
-<p class="note">One row per (task, student, regime), from answers.csv: the teacher to distill from, none, or inconclusive, with the quoted teacher's gain and its interval over test items and replicates.</p>
+<p class="note">One row per (task, student, regime), from answers.csv: the teacher to distill from, none, or inconclusive, with the quoted teacher's gain and its interval over test items and replicates (points).</p>
+<dl id="legend"></dl>
+<h2 id="warnings-head">Warnings</h2><ul id="warnings"></ul>
 <h2>Studies</h2><div id="studies"></div>
 <h2>Leaderboard</h2>
 <div class="bar" id="filters"></div>
@@ -428,6 +452,11 @@ const PCT = new Set(["teacher_acc","base_acc","post_acc","gain","gain_ci_low","g
   "teacher_gain","teacher_gain_low","teacher_gain_high","format_fail_rate"]);
 const FILTERS = ["row_type","task","student","teacher","regime"];
 const state = {sort: null, desc: false, filter: {}, open: null, flip: "all"};
+function signClass(v) {  // a gain of 0 (as printed) is neither a gain nor a loss
+  const r = Math.round(1000 * v);
+  return r < 0 ? " neg" : r > 0 ? " pos" : "";
+}
+function label(c) { return c.replace(/_/g, " "); }  // headers may wrap: the board fits a window
 function fmt(c, v) {
   if (v === null || v === undefined) return "";
   if (PCT.has(c) && typeof v === "number") return (100 * v).toFixed(1);
@@ -447,7 +476,7 @@ function board() {
   const thead = document.querySelector("#board thead"), tbody = document.querySelector("#board tbody");
   thead.replaceChildren(el("tr", {}, ...SHOW.map(c => el("th", {title: "sort by " + c, on: {click: () => {
     state.desc = state.sort === c ? !state.desc : false; state.sort = c; board(); }}},
-    c + (state.sort === c ? (state.desc ? " ▼" : " ▲") : "")))));
+    label(c) + (state.sort === c ? (state.desc ? " ▼" : " ▲") : "")))));
   let idx = IX.rows.map((r, i) => i).filter(i => FILTERS.every(f =>
     !state.filter[f] || String(IX.rows[i][C[f]]) === state.filter[f]));
   if (state.sort) {
@@ -460,7 +489,7 @@ function board() {
     const r = IX.rows[i], d = IX.distilled[i];
     const tr = el("tr", {"data-row": i, class: (d ? "distilled" : "") + (state.open === i ? " open" : "")},
       ...SHOW.map(c => { const v = r[C[c]];
-        const cls = typeof v === "number" ? "num" + (c === "gain" ? (v < 0 ? " neg" : " pos") : "") : "";
+        const cls = typeof v === "number" ? "num" + (c === "gain" ? signClass(v) : "") : "";
         return el("td", {class: cls}, fmt(c, v)); }));
     if (d) tr.addEventListener("click", () => openRow(i));
     return tr;
@@ -542,13 +571,21 @@ document.getElementById("meta").textContent =
 function answers() {
   const t = document.getElementById("answers"), A = IX.answers;
   if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
-  const show = ["task","student","regime","base_acc","answer","distill","teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"];
+  const show = ["task","student","regime","base_acc","answer","distill","action","teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"]
+    .filter(c => A.columns.includes(c));
   const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
-  t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, c))));
+  t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, label(c)))));
   for (const r of A.rows)
     t.tBodies[0].append(el("tr", {}, ...show.map(c => el("td", {},
       ["base_acc","gain","gain_low","gain_high"].includes(c) && typeof r[ix[c]] === "number"
-        ? (100 * r[ix[c]]).toFixed(1) : r[ix[c]]))));
+        ? r[ix[c]].toFixed(1) : r[ix[c]]))));
+  document.getElementById("legend").append(...(A.legend || []).flatMap(([c, d]) =>
+    [el("dt", {}, c), el("dd", {}, d)]));
+}
+function warnings() {
+  const W = IX.warnings || [];
+  if (!W.length) { document.getElementById("warnings-head").remove(); document.getElementById("warnings").remove(); return; }
+  document.getElementById("warnings").append(...W.map(w => el("li", {}, w)));
 }
 function studies() {
   const box = document.getElementById("studies"), S = IX.studies || {};
@@ -566,7 +603,7 @@ function studies() {
     box.append(d);
   }
 }
-answers(); studies(); filters(); board(); figures();
+answers(); warnings(); studies(); filters(); board(); figures();
 if (typeof DecompressionStream === "undefined")
   document.getElementById("items").textContent = "This browser cannot decompress the embedded data (no DecompressionStream); open the file in a current Chrome, Firefox or Safari.";
 </script></body></html>

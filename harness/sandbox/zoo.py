@@ -408,7 +408,7 @@ def _pretrain(
     )
     model.train()
     tokens = loss_ema = 0.0
-    with StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", progress) as bar:
+    with StageProgress(f"zoo {name} ({params / 1e6:.2f}M params)", progress, "steps") as bar:
         bar.update({"total": recipe.steps})
         for step, (ids, labels, n_tokens) in enumerate(_batches(recipe)):
             for group in opt.param_groups:

@@ -147,7 +147,6 @@ def _start(exp: Experiment, cell: Any, model_dir: str | None, adapters: list[str
     if model_dir is not None:
         spec = spec.model_copy(update={"path": model_dir})
     rank = max([exp.train.lora.r, *map(adapter_rank, adapters)]) if adapters else None
-    engines.emit({"status": f"starting the {ev.engine} engine"})
     slots = max(1, min(len(set(adapters)), MAX_LORAS))
     return engines.load(ev.engine, spec, lora_rank=rank, max_loras=slots)
 

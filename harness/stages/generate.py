@@ -91,7 +91,6 @@ def work(
     loaded = [(c, *task_items(exp, c, "train")) for c in cells]
     engines.emit({"total": sampling.n * sum(len(items) for _, _, items in loaded)})
     if engine is None:
-        engines.emit({"status": f"starting the {exp.generate.engine} engine"})
         k = max(c.config["generate"].get("top_logprobs", 0) for c in cells)
         engine = engines.load(exp.generate.engine, exp.model(cells[0].model), max_logprobs=k)
     return {
@@ -164,7 +163,6 @@ def work_replica(
     loaded = [(c, task, items, share(items, replica, replicas)) for c, task, items in
               ((c, *task_items(exp, c, "train")) for c in cells)]  # fmt: skip
     engines.emit({"total": sampling.n * sum(len(part) for *_, part in loaded)})
-    engines.emit({"status": f"starting the {exp.generate.engine} engine"})
     k = max(c.config["generate"].get("top_logprobs", 0) for c in cells)
     engine = engines.load(exp.generate.engine, exp.model(cells[0].model), max_logprobs=k)
     out = {}

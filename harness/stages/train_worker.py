@@ -85,7 +85,9 @@ def train_cell(cell_dir: Path, owner_pid: int | None = None) -> dict:
     began = time.perf_counter() - progress["elapsed"]
     saved = time.perf_counter()
     # steps, tokens/s and the loss, shown by the main process (the others stay quiet)
-    bar = StageProgress(f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process)
+    bar = StageProgress(
+        f"train {job.get('label', '')}".strip(), enabled=acc.is_main_process, unit="steps"
+    )
     bar.update({"total": total - progress["step"]})
     with bar:
         for step in range(progress["step"] + 1, total + 1):

