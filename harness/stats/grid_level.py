@@ -202,11 +202,11 @@ def mean_rank_correlation(outcome: np.ndarray, prop: np.ndarray) -> Callable:
     property (columns: teachers, in the same order in every row), as a statistic of the teacher
     permutation. Rows where either has no spread are left out."""
     keep = spread(outcome) & spread(prop)
+    if not keep.any():
+        return lambda perms: np.full(len(perms), math.nan)
     ry, rx = _standard_ranks(outcome[keep]), _standard_ranks(prop[keep])
 
     def stat(perms: np.ndarray) -> np.ndarray:
-        if not keep.any():
-            return np.full(len(perms), math.nan)
         return np.einsum("gpt,gt->p", rx[:, perms], ry) / keep.sum()
 
     return stat
