@@ -2,14 +2,20 @@
 
     .venv/bin/python -m benchmarks.inference              # about 25 minutes on 2 cores
     .venv/bin/python -m benchmarks.inference --runs 200   # quicker, noisier
+    .venv/bin/python -m benchmarks.inference --only grid  # one section (see --help)
 
 Prints, as Markdown tables for benchmarks/README.md:
 1. family-wise error of any `better`/`worse`, the false-teacher rate and the rate of "none",
    four teachers equal to each other and to the baseline (200 items), by replicates and by the
    replicates' spread: one SD for all, one erratic teacher at 3x, t(3)-tailed replicate effects;
-   at 3 replicates also with the replicate variance pooled over the group, and with each
-   teacher's own (signed) alone (the ablations);
+   at 3 replicates also with the group's moderated variance for every teacher (no floor), and
+   with each teacher's own (signed) alone (the ablations);
 2. the answer's power: one teacher truly 10 points ahead of the others and of the baseline;
+   in a grid of 4 tasks x 2 students decided together (`decide_groups`, the replicate variance
+   borrowed across the grid) and in a grid of one group: the error of better/worse against the
+   truth's direction, the false-teacher rate and the leader named, with equal teachers, one
+   erratic, t(3) replicate effects, teacher effects shared across tasks and teacher x task
+   effects of SD 5 points (`inference.grid_rates`);
 3. "none" at the boundary: one teacher's true gain exactly the effect of interest;
 4. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 
 import numpy as np
 from scipy import stats
@@ -41,16 +48,17 @@ SPREADS = {
 
 @contextlib.contextmanager
 def variance_rule(rule: str):
-    """The rule's replicate variance ("max": own or pooled, the larger), or an ablation:
-    "pooled" (the group's for every teacher), "own" (each teacher's own, signed)."""
+    """The rule's replicate variance ("rule": moderated, the group's prior a floor under a
+    teacher's own in a single group), or an ablation: "moderated" (the group's moderated
+    variance for every teacher, no floor), "own" (each teacher's own, signed)."""
     keep = inf.own_mean_squares
 
-    def ablation(units, pooled):
-        own = keep(units, None)
-        return own if rule == "own" or pooled is None else inf.Pooled(
-            pooled.ms_rep, own.ms_res, pooled.df_rep, own.df_res)  # fmt: skip
+    def ablation(units, prior):
+        if rule == "own" or prior is None:
+            return keep(units, None)
+        return keep(units, dataclasses.replace(prior, floor=False))
 
-    if rule != "max":
+    if rule != "rule":
         inf.own_mean_squares = ablation
     try:
         yield
@@ -60,14 +68,14 @@ def variance_rule(rule: str):
 
 def fwer(runs: int) -> list[str]:
     lines = ["| replicates | replicate spread | FWER of better/worse | false teacher | none "
-             "| FWER, pooled | FWER, own (signed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| FWER, moderated, no floor | FWER, own (signed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for reps in (2, 3, 5):
         for k, (name, kw) in enumerate(SPREADS.items()):
             rng = np.random.default_rng(100 * reps + k)
             base, arms = inf.simulate(rng, runs, 200, 0.3, [0.3] * 4, reps, **kw)
             err, false, _, none = inf.answer_rates(base, arms)
             cols = [f"{err:.3f}", f"{false:.3f}", f"{none:.3f}"]
-            for rule in ("pooled", "own"):
+            for rule in ("moderated", "own"):
                 if reps != 3:
                     cols.append("–")
                     continue
@@ -87,6 +95,32 @@ def lead(runs: int) -> list[str]:
             base, arms = inf.simulate(rng, runs, 200, 0.3, accs, reps, 0.035, concordance=conc)
             _, false, named, _ = inf.answer_rates(base, arms, leader="t0")
             lines.append(f"| {m} | {reps} | {conc:g} | {named:.3f} | {false:.3f} |")
+    return lines
+
+
+GRID = {  # accs of the teachers (baseline 30%) and the spread of their replicates
+    "four equal": dict(accs=[0.3] * 4),
+    "four equal, one at 3x": dict(accs=[0.3] * 4, rep_sd=[0.105, 0.035, 0.035, 0.035]),
+    "four equal, t(3)": dict(accs=[0.3] * 4, rep_df=3),
+    "+6, +3, 0, 0 on every task": dict(accs=[0.36, 0.33, 0.3, 0.3]),
+    "teacher x task SD 5": dict(accs=[0.3] * 4, task_sd=0.05),
+    "10-point lead, 2 teachers": dict(accs=[0.4, 0.3]),
+    "10-point lead, 3 teachers": dict(accs=[0.4, 0.3, 0.3]),
+    "10-point lead, 4 teachers": dict(accs=[0.4, 0.3, 0.3, 0.3]),
+}
+
+
+def grid(runs: int) -> list[str]:
+    lines = ["| grid | teachers' truth | groups | error of better/worse | false teacher | leader named "
+             "| none |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for tasks, students in ((4, 2), (1, 1)):
+        for k, (name, kw) in enumerate(GRID.items()):
+            n_runs = runs * 8 // (tasks * students)
+            r = inf.grid_rates(np.random.default_rng(1000 + k + tasks), n_runs, tasks=tasks,
+                               students=students, **kw)  # fmt: skip
+            lead = f"{r['named']:.3f}" if "lead" in name else "–"
+            lines.append(f"| {tasks} x {students} | {name} | {n_runs * tasks * students} | "
+                         f"{r['error']:.3f} | {r['false']:.3f} | {lead} | {r['none']:.3f} |")  # fmt: skip
     return lines
 
 
@@ -155,15 +189,25 @@ def capacity(runs: int) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=600)
-    runs = p.parse_args().runs
-    for title, lines in (("Family-wise error, four equal teachers (baseline 30%)", fwer(runs)),
-                         ("A 10-point lead, 200 items, replicate SD 3.5", lead(runs)),
-                         ("None at the effect of interest (3 points)", none_level(runs)),
-                         ("Coverage, 3 replicates, 2-point replicate SD", coverage(runs)),
-                         ("Power at the stated MDE", power()),
-                         ("Capacity-gap test, teacher effects shared across students", capacity(runs))):  # fmt: skip
-        print(f"\n### {title}\n")
-        print("\n".join(lines))
+    p.add_argument(
+        "--only", help="comma-separated sections: fwer,lead,grid,none,coverage,power,capacity"
+    )
+    args = p.parse_args()
+    runs = args.runs
+    sections = {
+        "fwer": ("Family-wise error, four equal teachers (baseline 30%)", lambda: fwer(runs)),
+        "lead": ("A 10-point lead, 200 items, replicate SD 3.5", lambda: lead(runs)),
+        "grid": ("Borrowing across a grid, 200 items, 3 replicates, SD 3.5", lambda: grid(runs)),
+        "none": ("None at the effect of interest (3 points)", lambda: none_level(runs)),
+        "coverage": ("Coverage, 3 replicates, 2-point replicate SD", lambda: coverage(runs)),
+        "power": ("Power at the stated MDE", power),
+        "capacity": ("Capacity-gap test, teacher effects shared across students",
+                     lambda: capacity(runs)),
+    }  # fmt: skip
+    for key in args.only.split(",") if args.only else sections:
+        title, make = sections[key]
+        print(f"\n### {title}\n", flush=True)
+        print("\n".join(make()), flush=True)
 
 
 if __name__ == "__main__":
