@@ -8,8 +8,8 @@ Prints, as Markdown tables for benchmarks/README.md:
 1. family-wise error of any `better`/`worse`, the false-teacher rate and the rate of "none",
    four teachers equal to each other and to the baseline (200 items), by replicates and by the
    replicates' spread: one SD for all, one erratic teacher at 3x, t(3)-tailed replicate effects;
-   at 3 replicates also with the group's moderated variance for every teacher (no floor), and
-   with each teacher's own (signed) alone (the ablations);
+   at 3 replicates also with the replicate variance pooled over the group, and with each
+   teacher's own (signed) alone (the ablations);
 2. the answer's power: one teacher truly 10 points ahead of the others and of the baseline;
    in a grid of 4 tasks x 2 students decided together (`decide_groups`, the replicate variance
    borrowed across the grid) and in a grid of one group: the error of better/worse against the
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 
 import numpy as np
 from scipy import stats
@@ -48,17 +47,16 @@ SPREADS = {
 
 @contextlib.contextmanager
 def variance_rule(rule: str):
-    """The rule's replicate variance ("rule": moderated, the group's prior a floor under a
-    teacher's own in a single group), or an ablation: "moderated" (the group's moderated
-    variance for every teacher, no floor), "own" (each teacher's own, signed)."""
+    """The rule's replicate variance ("max": own or pooled, the larger), or an ablation:
+    "pooled" (the group's for every teacher), "own" (each teacher's own, signed)."""
     keep = inf.own_mean_squares
 
-    def ablation(units, prior):
-        if rule == "own" or prior is None:
-            return keep(units, None)
-        return keep(units, dataclasses.replace(prior, floor=False))
+    def ablation(units, pooled):
+        own = keep(units, None)
+        return own if rule == "own" or pooled is None else inf.Pooled(
+            pooled.ms_rep, own.ms_res, pooled.df_rep, own.df_res)  # fmt: skip
 
-    if rule != "rule":
+    if rule != "max":
         inf.own_mean_squares = ablation
     try:
         yield
@@ -68,14 +66,14 @@ def variance_rule(rule: str):
 
 def fwer(runs: int) -> list[str]:
     lines = ["| replicates | replicate spread | FWER of better/worse | false teacher | none "
-             "| FWER, moderated, no floor | FWER, own (signed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| FWER, pooled | FWER, own (signed) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for reps in (2, 3, 5):
         for k, (name, kw) in enumerate(SPREADS.items()):
             rng = np.random.default_rng(100 * reps + k)
             base, arms = inf.simulate(rng, runs, 200, 0.3, [0.3] * 4, reps, **kw)
             err, false, _, none = inf.answer_rates(base, arms)
             cols = [f"{err:.3f}", f"{false:.3f}", f"{none:.3f}"]
-            for rule in ("moderated", "own"):
+            for rule in ("pooled", "own"):
                 if reps != 3:
                     cols.append("–")
                     continue

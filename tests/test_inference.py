@@ -215,14 +215,13 @@ def test_an_erratic_teacher_gets_its_own_larger_prior_and_the_steady_ones_borrow
     arms = {t: [inf.replicate_units(groups[g][1][t]) for g in groups] for t in ("t0", "t1", "t2")}
     priors = inf.teacher_priors(arms)
     assert priors["t0"].ratio > 2 * max(priors["t1"].ratio, priors["t2"].ratio)
-    assert not priors["t1"].floor
     ms = inf.own_mean_squares(arms["t1"][0], priors["t1"])
     assert ms.df_rep > 2
 
 
 def test_a_grid_of_one_group_decides_as_the_group_alone():
     """With one group there is nothing to borrow: every teacher has one arm, gets the group's
-    prior as a floor under its own estimate, and the decision is `decide_group`'s."""
+    typical variance as a floor under its own, and the decision is `decide_group`'s."""
     groups = _grid(np.random.default_rng(9), [0.4, 0.3, 0.3], 0.035, tasks=1, students=1)
     decided, _ = inf.decide_groups(groups)
     alone = inf.decide_group(*groups[0, 0])

@@ -105,8 +105,9 @@ def mean_squares(units: ArrayLike) -> tuple[Any, Any]:
 
 @dataclass(frozen=True)
 class Pooled:
-    """An arm's replicate mean squares as the rule uses them (`own_mean_squares`); df may be
-    arrays."""
+    """A group's typical replicate mean squares (same student, task and regime): the floor under
+    each arm's own replicate variance where a teacher has nothing to borrow from (`_total`), and
+    an arm's mean squares as the rule uses them (`own_mean_squares`); df may be arrays."""
 
     ms_rep: Any
     ms_res: Any
@@ -120,14 +121,11 @@ class Prior:
     is taken as `ratio` times a chi-square draw / its df, the arm's true ratio drawn around
     `ratio` with `df` prior degrees of freedom (d0: 0 borrows nothing, large means the arms are
     alike); `df_cap`: the most degrees of freedom the moderated estimate can carry, as `ratio`
-    is itself estimated (`_moderated_df`). `floor`: the prior is the grid's, not the arm's
-    teacher's own, so the arm keeps its own estimate where that is larger (`own_mean_squares`).
-    Arrays over the simulations' leading axes."""
+    is itself estimated (`_moderated_df`). Arrays over the simulations' leading axes."""
 
     ratio: Any
     df: Any
     df_cap: Any
-    floor: bool = True
 
 
 def trigamma_inverse(x: Any) -> Any:
@@ -203,15 +201,21 @@ def _moderated_df(d0: Any, d: float, k: float) -> Any:
     return 2 / (2 / (d0 + d) + w * w * spread / k)
 
 
-def pool(arms_units: Sequence[np.ndarray]) -> Prior | None:
-    """The grid's prior (`Prior`, a floor) from every arm with at least 2 replicates, each
-    (..., R_t, n): `fit_prior` over their MS_rep / MS_res; None with fewer than 2 such arms
-    (nothing to borrow: each arm keeps its own estimate)."""
-    ratios, dfs = _log_ratios(arms_units)
-    if len(ratios) < 2:
+def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
+    """The group's typical mean squares over the arms with at least 2 replicates, each
+    (..., R_t, n): the median of their MS_rep, so one erratic arm does not move it, with
+    floor(k / 2) (R - 1) degrees of freedom for k arms of R replicates (a median of k estimates
+    carries about the information of half of them; fewer df is the safe side); MS_res pooled."""
+    rep = [np.asarray(u, dtype=float) for u in arms_units if u.shape[-2] > 1]
+    if not rep:
         return None
-    s0, d0 = fit_prior(np.stack(ratios, axis=-1), dfs)
-    return Prior(s0, d0, _moderated_df(d0, min(dfs), len(dfs)))
+    n = rep[0].shape[-1]
+    ms = [mean_squares(u) for u in rep]
+    dfs = [u.shape[-2] - 1 for u in rep]
+    ms_rep = np.median(np.stack([np.asarray(m) for m, _ in ms]), axis=0)
+    ms_res = sum(d * r for d, (_, r) in zip(dfs, ms, strict=True)) / sum(dfs)
+    df_rep = max(len(rep) // 2, 1) * min(dfs)
+    return Pooled(ms_rep, ms_res, df_rep, sum(dfs) * (n - 1))
 
 
 def teacher_priors(arms: Mapping[str, Sequence[np.ndarray]]) -> dict[str, Prior]:
@@ -220,13 +224,12 @@ def teacher_priors(arms: Mapping[str, Sequence[np.ndarray]]) -> dict[str, Prior]
     teacher's mean (`fit_prior` with the teacher as a factor, as limma fits a prior trend on a
     covariate), the prior ratio the teacher's own, from its arms alone. One erratic teacher
     (replicates three times as spread on every task) then has its own, larger prior, and its
-    steady neighbours theirs: no pre-test, nothing shared between them but d0. A teacher with
-    one arm has no prior of its own: it gets the grid's (`pool`) as a floor. Teachers with no
-    replicated arm are left out."""
+    steady neighbours theirs: no pre-test, nothing shared between them but d0. Teachers with
+    fewer than two replicated arms have no prior of their own and are left out (`decide_group`
+    gives them the group's floor, `pool`)."""
     per = {t: _log_ratios(us) for t, us in arms.items()}
-    grid = pool([u for us in arms.values() for u in us])
     several = {t: (r, d) for t, (r, d) in per.items() if len(r) >= 2}
-    out: dict[str, Prior] = {t: grid for t in per if t not in several and grid is not None}
+    out: dict[str, Prior] = {}
     if not several:
         return out
     e = {t: np.stack(r, axis=-1) for t, (r, _) in several.items()}
@@ -242,7 +245,7 @@ def teacher_priors(arms: Mapping[str, Sequence[np.ndarray]]) -> dict[str, Prior]
     )
     for x, (t, (_, d)) in zip(resid, several.items(), strict=True):
         s0 = np.exp(x.mean(axis=-1) + special.digamma(d0 / 2) - np.log(d0 / 2))
-        out[t] = Prior(s0, d0, _moderated_df(d0, min(d), len(d)), floor=False)
+        out[t] = Prior(s0, d0, _moderated_df(d0, min(d), len(d)))
     return out
 
 
@@ -319,7 +322,7 @@ def satterthwaite(parts: Sequence[tuple[Any, Any]]) -> Any:
         return np.where(denom > 0, total * total / np.where(denom > 0, denom, 1.0), np.inf)
 
 
-Priors = Prior | Sequence[Prior | None] | None  # one for all arms, or one per arm
+Priors = Prior | Pooled | Sequence[Prior | Pooled | None] | None  # one for all arms, or per arm
 
 
 def contrast(
@@ -355,25 +358,27 @@ def _contrast_stats(
     return centre, np.sqrt(var), df
 
 
-def own_mean_squares(units: np.ndarray, prior: Prior | None) -> Pooled:
-    """An arm's replicate mean squares as the rule uses them (Smyth 2004's moderated variance):
-    its MS_rep / MS_res on d = R - 1 df and the prior's ratio on d0 df, averaged with weights
-    d0 and d, times its own MS_res, on d0 + d df (at most `Prior.df_cap`). Where the prior is a
-    floor (`Prior.floor`: not the teacher's own) the arm keeps its own MS_rep, on d df, where
-    that is larger. No prior: its own."""
+def own_mean_squares(units: np.ndarray, prior: Prior | Pooled | None) -> Pooled:
+    """An arm's replicate mean squares as the rule uses them. With its teacher's `Prior`,
+    Smyth (2004)'s moderated variance: its MS_rep / MS_res on d = R - 1 df and the prior's ratio
+    on d0 df averaged with weights d0 and d, times its own MS_res, on d0 + d df (at most
+    `Prior.df_cap`). With the group's `Pooled` floor (nothing to borrow from): its own MS_rep
+    (d df), or the group's typical one (with its df) where that is larger. Its own MS_res."""
     ms_rep, ms_res = mean_squares(units)
     r, n = units.shape[-2:]
     d = float(r - 1)
     df_rep = np.full(np.shape(ms_rep), d)
-    if prior is not None:
-        ok = np.asarray(ms_res) > 0
+    if isinstance(prior, Prior):
+        ok = np.asarray(ms_res) > 0  # no residual noise (all right or all wrong): its own
         ratio = np.asarray(ms_rep) / np.where(ok, ms_res, 1.0)
         d0 = np.asarray(prior.df, dtype=float)
         mod = (d0 * prior.ratio + d * ratio) / (d0 + d) * ms_res
-        df_mod = np.minimum(d0 + d, prior.df_cap)
-        use = ok & (mod > ms_rep) if prior.floor else ok
-        ms_rep = np.where(use, mod, ms_rep)
-        df_rep = np.where(use, df_mod, df_rep)
+        ms_rep = np.where(ok, mod, ms_rep)
+        df_rep = np.where(ok, np.minimum(d0 + d, prior.df_cap), df_rep)
+    elif prior is not None:
+        use = np.asarray(prior.ms_rep) > ms_rep
+        ms_rep = np.where(use, prior.ms_rep, ms_rep)
+        df_rep = np.where(use, prior.df_rep, df_rep)
     return Pooled(ms_rep, ms_res, df_rep, (r - 1) * (n - 1))
 
 
@@ -387,9 +392,12 @@ def _total(
     freedom from the teacher's arms on the grid's other tasks and students (`teacher_priors`).
     The prior is each teacher's own, so one erratic teacher (three times the others' seed SD)
     keeps its larger variance and its steady neighbours theirs, without a pre-test; only the
-    prior df d0 is shared. A teacher with a single arm (a grid of one group) has the group's
-    prior as a floor under its own estimate (the 2-df noise of its own cannot shrink its
-    interval, and an erratic arm keeps its own). `prior`: one for every arm or one per arm in
+    prior df d0 is shared. A teacher with a single arm (a grid of one group) has nothing to
+    borrow from: its part is the larger of its own estimate (R - 1 df) and the group's typical
+    one (`pool`: the median over its arms), with the df of the one used, so the 2-df noise of
+    its own cannot shrink its interval and an erratic teacher keeps its own, larger variance
+    (pooling would give it a share of its steady neighbours'; the median keeps its spread out of
+    theirs). `prior`: one for every arm or one per arm in
     `rep_units`' order. benchmarks/README.md measures the error rates and power. Elementwise
     over the simulations' leading axes."""
     out = list(parts)
@@ -398,7 +406,7 @@ def _total(
     return np.maximum(sum(v for v, _ in out), 0.0), satterthwaite(out)
 
 
-def _per_arm(prior: Priors, k: int) -> list[Prior | None]:
+def _per_arm(prior: Priors, k: int) -> list[Prior | Pooled | None]:
     return list(prior) if isinstance(prior, (list, tuple)) else [prior] * k
 
 
@@ -441,7 +449,7 @@ def _interval(point: float, centre: float, se: float, df: float, level: float) -
     return replace(est, p=p)
 
 
-def accuracy(a: Arm, level: float = 0.95, prior: Prior | None = None) -> Estimate:
+def accuracy(a: Arm, level: float = 0.95, prior: Prior | Pooled | None = None) -> Estimate:
     """An arm's accuracy with its interval: Jeffreys for one 0/1 replicate (good coverage near 0
     and 1, Brown, Cai & DasGupta 2001), else Agresti-Coull's pseudo-items (two right, two wrong)
     plus the between-replicate variance, as `contrast` does."""
@@ -613,7 +621,7 @@ def decide_group(
     alpha: float = 0.05,
     effect: float = 0.03,
     min_replicates: int = 3,
-    prior: Prior | Mapping[str, Prior] | None = None,
+    prior: Mapping[str, Prior] | None = None,
 ) -> GroupDecision:
     """The answer for one group: every teacher against the baseline and against every other.
 
@@ -635,9 +643,8 @@ def decide_group(
     names = list(arms)
     m = len(names)
     exploratory = any(a.exploratory for a in arms.values())
-    if prior is None:
-        prior = pool([a.units for a in arms.values()])
-    per = {t: prior.get(t) if isinstance(prior, Mapping) else prior for t in names}
+    floor = pool([a.units for a in arms.values()])
+    per = {t: (prior or {}).get(t, floor) for t in names}
     cov = arm_covariance(b.units[0], [a.units for a in arms.values()], [per[t] for t in names])
     pairs_idx = list(itertools.combinations(range(m), 2))
     family = [(i, None) for i in range(m)] + [(j, i) for i, j in pairs_idx]
@@ -726,8 +733,8 @@ def decide_groups(
     """Every group's decision (`decide_group`), and the multiplicity rule's record: one family
     per group, the chance of any false better/worse in a group at most alpha. The replicate
     variance borrows across the groups: each teacher's prior from its arms in every group
-    (`teacher_priors`); a teacher in one group only gets its group's prior as a floor, so a grid
-    of one group is decided as `decide_group` decides it alone."""
+    (`teacher_priors`); a teacher in one group only gets its group's floor, so a grid of one
+    group is decided as `decide_group` decides it alone."""
     arms: dict[str, list[np.ndarray]] = {}
     for _, teachers in groups.values():
         for t, d in teachers.items():
