@@ -129,8 +129,8 @@ class Prior:
 
 
 def trigamma_inverse(x: Any) -> Any:
-    """y with trigamma(y) = x, elementwise, by Newton's method on 1 / trigamma (Smyth 2004,
-    Appendix; the start and the iteration of limma's trigammaInverse), x > 0."""
+    """y with trigamma(y) = x, elementwise, x > 0: Newton's method on 1 / trigamma started at
+    0.5 + 1 / x, as limma's trigammaInverse does (scipy has no inverse of polygamma)."""
     x = np.asarray(x, dtype=float)
     y = 0.5 + 1.0 / x
     for _ in range(50):
@@ -150,7 +150,7 @@ def fit_prior(ratios: ArrayLike, dfs: ArrayLike) -> tuple[Any, Any]:
     each on `dfs` (k,) degrees of freedom, by the method of moments on their logarithms: Smyth
     (2004), "Linear models and empirical Bayes methods for assessing differential expression in
     microarray experiments", Statistical Applications in Genetics and Molecular Biology 3(1),
-    article 3, section 6 (limma's fitFDist). The log of a variance on d df has mean
+    article 3 (limma's fitFDist). The log of a variance on d df has mean
     log(sigma^2) + digamma(d/2) - log(d/2) and variance trigamma(d/2); the spread of the logs
     beyond what their own df explain is trigamma(d0/2). Where there is none beyond it, d0 is
     `_DF_INF` (the arms are alike); the caller caps the total df (`Prior.df_cap`)."""
@@ -194,8 +194,8 @@ def _moderated_df(d0: Any, d: float, k: float) -> Any:
     w^2 Var(log s0^2), w = d0 / (d0 + d) its weight and Var(log s0^2) = (trigamma(d/2) +
     trigamma(d0/2)) / k that of a mean of k log variances (the delta method). Smyth (2004)
     treats the prior as known, which is fine for thousands of genes, not for the dozens of arms
-    of a grid; 2 / Var(log) is the safe side of the exact 2 trigamma^-1(Var(log)), which let the
-    error rate of a single group with one erratic teacher reach 6% (benchmarks/README.md)."""
+    of a grid. 2 / Var(log) gives slightly fewer df than the chi-square match
+    2 trigamma^-1(Var(log)): the safe side."""
     w = d0 / (d0 + d)
     spread = special.polygamma(1, d / 2) + special.polygamma(1, d0 / 2)
     return 2 / (2 / (d0 + d) + w * w * spread / k)
