@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.inference              # about 25 minutes on 2 cores
     .venv/bin/python -m benchmarks.inference --runs 200   # quicker, noisier
+    .venv/bin/python -m benchmarks.inference --only grid  # one section (see --help)
 
 Prints, as Markdown tables for benchmarks/README.md:
 1. family-wise error of any `better`/`worse`, the false-teacher rate and the rate of "none",
@@ -10,6 +11,11 @@ Prints, as Markdown tables for benchmarks/README.md:
    at 3 replicates also with the replicate variance pooled over the group, and with each
    teacher's own (signed) alone (the ablations);
 2. the answer's power: one teacher truly 10 points ahead of the others and of the baseline;
+   in a grid of 4 tasks x 2 students decided together (`decide_groups`, the replicate variance
+   borrowed across the grid) and in a grid of one group: the error of better/worse against the
+   truth's direction, the false-teacher rate and the leader named, with equal teachers, one
+   erratic, t(3) replicate effects, teacher effects shared across tasks and teacher x task
+   effects of SD 5 points (`inference.grid_rates`);
 3. "none" at the boundary: one teacher's true gain exactly the effect of interest;
 4. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
@@ -88,6 +94,32 @@ def lead(runs: int) -> list[str]:
     return lines
 
 
+GRID = {  # accs of the teachers (baseline 30%) and the spread of their replicates
+    "four equal": dict(accs=[0.3] * 4),
+    "four equal, one at 3x": dict(accs=[0.3] * 4, rep_sd=[0.105, 0.035, 0.035, 0.035]),
+    "four equal, t(3)": dict(accs=[0.3] * 4, rep_df=3),
+    "+6, +3, 0, 0 on every task": dict(accs=[0.36, 0.33, 0.3, 0.3]),
+    "teacher x task SD 5": dict(accs=[0.3] * 4, task_sd=0.05),
+    "10-point lead, 2 teachers": dict(accs=[0.4, 0.3]),
+    "10-point lead, 3 teachers": dict(accs=[0.4, 0.3, 0.3]),
+    "10-point lead, 4 teachers": dict(accs=[0.4, 0.3, 0.3, 0.3]),
+}
+
+
+def grid(runs: int) -> list[str]:
+    lines = ["| grid | teachers' truth | groups | error of better/worse | false teacher | leader named "
+             "| none |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for tasks, students in ((4, 2), (1, 1)):
+        for k, (name, kw) in enumerate(GRID.items()):
+            n_runs = runs * 8 // (tasks * students)
+            r = inf.grid_rates(np.random.default_rng(1000 + k + tasks), n_runs, tasks=tasks,
+                               students=students, **kw)  # fmt: skip
+            lead = f"{r['named']:.3f}" if "lead" in name else "–"
+            lines.append(f"| {tasks} x {students} | {name} | {n_runs * tasks * students} | "
+                         f"{r['error']:.3f} | {r['false']:.3f} | {lead} | {r['none']:.3f} |")  # fmt: skip
+    return lines
+
+
 def none_level(runs: int) -> list[str]:
     lines = ["| items | teachers' true gains (pts) | none |", "|---|---|---|"]
     for n, accs in ((400, [0.53, 0.4, 0.4]), (400, [0.53, 0.53, 0.53]), (1000, [0.53, 0.5])):
@@ -123,14 +155,21 @@ def power() -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=600)
-    runs = p.parse_args().runs
-    for title, lines in (("Family-wise error, four equal teachers (baseline 30%)", fwer(runs)),
-                         ("A 10-point lead, 200 items, replicate SD 3.5", lead(runs)),
-                         ("None at the effect of interest (3 points)", none_level(runs)),
-                         ("Coverage, 3 replicates, 2-point replicate SD", coverage(runs)),
-                         ("Power at the stated MDE", power())):  # fmt: skip
-        print(f"\n### {title}\n")
-        print("\n".join(lines))
+    p.add_argument("--only", help="comma-separated sections: fwer,lead,grid,none,coverage,power")
+    args = p.parse_args()
+    runs = args.runs
+    sections = {
+        "fwer": ("Family-wise error, four equal teachers (baseline 30%)", lambda: fwer(runs)),
+        "lead": ("A 10-point lead, 200 items, replicate SD 3.5", lambda: lead(runs)),
+        "grid": ("Borrowing across a grid, 200 items, 3 replicates, SD 3.5", lambda: grid(runs)),
+        "none": ("None at the effect of interest (3 points)", lambda: none_level(runs)),
+        "coverage": ("Coverage, 3 replicates, 2-point replicate SD", lambda: coverage(runs)),
+        "power": ("Power at the stated MDE", power),
+    }  # fmt: skip
+    for key in args.only.split(",") if args.only else sections:
+        title, make = sections[key]
+        print(f"\n### {title}\n", flush=True)
+        print("\n".join(make()), flush=True)
 
 
 if __name__ == "__main__":

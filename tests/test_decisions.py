@@ -140,7 +140,7 @@ def test_answer_words_follow_the_evidence():
     assert c["answer"] == "none" and c["distill"] == "no"
     assert c["teachers"][0]["verdict"] == "equivalent"
     row = report.answer_row(_group(c))
-    assert row[4:7] == ["none", "no", ""] and row[9] == ""  # none recommends no teacher
+    assert row[4:7] == ["none", "no", ""] and row[10] == ""  # none recommends no teacher
 
     # one replicate per teacher: nothing is claimed, however large the gain
     c = analyze.compare_teachers(a, base, {"t-m": strong[:1], "t-l": weak[:1]})

@@ -17,8 +17,10 @@ with sigma2_rep the between-replicate variance of an arm's accuracy, estimated b
 method of moments of the balanced two-way (replicates x items) layout, (MS_rep - MS_res) / n;
 the item part already holds the item-by-replicate noise, so nothing is counted twice: the sum is
 the textbook variance of a grand mean in a crossed random-effects design (items, replicates,
-residual). Each arm's MS_rep is its own, or the group's typical (median) one where that is
-larger, with the df of the one used (`_total` has the reason: robust to one erratic teacher, no pre-test).
+residual). Each arm's MS_rep is moderated (Smyth 2004's empirical Bayes): averaged with its
+teacher's typical one over the grid's other tasks and students, on more degrees of freedom than
+its own R - 1 (`_total` has the reason: power at 3 replicates, robust to one erratic teacher, no
+pre-test).
 
 Near 0% and 100% a Wald interval collapses (an accuracy of 1/50 has an item variance estimate of
 almost nothing), so the item part is taken after the Bonett-Price adjustment: one pseudo-item
@@ -58,7 +60,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy import stats
+from scipy import special, stats
 
 ANSWERS_NONE = "none"
 INCONCLUSIVE = "inconclusive"
@@ -104,12 +106,99 @@ def mean_squares(units: ArrayLike) -> tuple[Any, Any]:
 @dataclass(frozen=True)
 class Pooled:
     """A group's typical replicate mean squares (same student, task and regime): the floor under
-    each arm's own replicate variance (`_total`); df may be arrays."""
+    each arm's own replicate variance where a teacher has nothing to borrow from (`_total`), and
+    an arm's mean squares as the rule uses them (`own_mean_squares`); df may be arrays."""
 
     ms_rep: Any
     ms_res: Any
     df_rep: Any
     df_res: Any
+
+
+@dataclass(frozen=True)
+class Prior:
+    """An arm's prior replicate variance (Smyth 2004, limma's moderated t): its MS_rep / MS_res
+    is taken as `ratio` times a chi-square draw / its df, the arm's true ratio drawn around
+    `ratio` with `df` prior degrees of freedom (d0: 0 borrows nothing, large means the arms are
+    alike); `df_cap`: the most degrees of freedom the moderated estimate can carry, as `ratio`
+    is itself estimated (`_moderated_df`). Arrays over the simulations' leading axes."""
+
+    ratio: Any
+    df: Any
+    df_cap: Any
+
+
+def trigamma_inverse(x: Any) -> Any:
+    """y with trigamma(y) = x, elementwise, x > 0: Newton's method on 1 / trigamma started at
+    0.5 + 1 / x, as limma's trigammaInverse does (scipy has no inverse of polygamma)."""
+    x = np.asarray(x, dtype=float)
+    y = 0.5 + 1.0 / x
+    for _ in range(50):
+        tri = special.polygamma(1, y)
+        step = tri * (1 - tri / x) / special.polygamma(2, y)
+        y = y + step
+        if np.all(-step / y < 1e-8):
+            break
+    return np.where(x > 1e7, 1 / np.sqrt(x), np.where(x < 1e-6, 1 / x, y))
+
+
+_DF_INF = 1e8  # a prior df this large is the arms being alike: every arm gets the prior variance
+
+
+def fit_prior(ratios: ArrayLike, dfs: ArrayLike) -> tuple[Any, Any]:
+    """(s0^2, d0) of the scaled inverse-chi-square prior of variance estimates `ratios` (..., k),
+    each on `dfs` (k,) degrees of freedom, by the method of moments on their logarithms: Smyth
+    (2004), "Linear models and empirical Bayes methods for assessing differential expression in
+    microarray experiments", Statistical Applications in Genetics and Molecular Biology 3(1),
+    article 3 (limma's fitFDist). The log of a variance on d df has mean
+    log(sigma^2) + digamma(d/2) - log(d/2) and variance trigamma(d/2); the spread of the logs
+    beyond what their own df explain is trigamma(d0/2). Where there is none beyond it, d0 is
+    `_DF_INF` (the arms are alike); the caller caps the total df (`Prior.df_cap`)."""
+    x = np.asarray(ratios, dtype=float)
+    d = np.asarray(dfs, dtype=float)
+    k = x.shape[-1]
+    z = np.log(np.maximum(x, 1e-12))
+    e = z - special.digamma(d / 2) + np.log(d / 2)
+    mean = e.mean(axis=-1)
+    spread = ((e - mean[..., None]) ** 2).sum(axis=-1) / (k - 1)
+    excess = spread - special.polygamma(1, d / 2).mean()
+    d0 = np.where(
+        excess > 0, np.minimum(2 * trigamma_inverse(np.maximum(excess, 1e-12)), _DF_INF), _DF_INF
+    )
+    s0 = np.exp(mean + special.digamma(d0 / 2) - np.log(d0 / 2))
+    return s0, d0
+
+
+def _log_ratios(arms_units: Sequence[np.ndarray]) -> tuple[list[Any], list[float]]:
+    """Each arm's MS_rep / MS_res (the ratio takes out the items' binomial noise, which differs
+    between tasks and accuracies) and its R - 1 df; arms with one replicate, or no residual
+    noise (all right or all wrong), say nothing about the replicate variance and are left out
+    (an empty list where none is left)."""
+    ratios, dfs = [], []
+    for u in arms_units:
+        u = np.asarray(u, dtype=float)
+        if u.shape[-2] < 2:
+            continue
+        ms_rep, ms_res = mean_squares(u)
+        if not np.all(np.asarray(ms_res) > 0):
+            continue
+        ratios.append(np.asarray(ms_rep) / np.asarray(ms_res))
+        dfs.append(float(u.shape[-2] - 1))
+    return ratios, dfs
+
+
+def _moderated_df(d0: Any, d: float, k: float) -> Any:
+    """Degrees of freedom of a moderated variance whose prior ratio is estimated from k arms of
+    d df: 2 / Var(log) (a chi-square on f df has Var(log) about 2 / f), the posterior's
+    2 / (d0 + d) given the prior (Smyth 2004) plus the estimated prior's share
+    w^2 Var(log s0^2), w = d0 / (d0 + d) its weight and Var(log s0^2) = (trigamma(d/2) +
+    trigamma(d0/2)) / k that of a mean of k log variances (the delta method). Smyth (2004)
+    treats the prior as known, which is fine for thousands of genes, not for the dozens of arms
+    of a grid. 2 / Var(log) gives slightly fewer df than the chi-square match
+    2 trigamma^-1(Var(log)): the safe side."""
+    w = d0 / (d0 + d)
+    spread = special.polygamma(1, d / 2) + special.polygamma(1, d0 / 2)
+    return 2 / (2 / (d0 + d) + w * w * spread / k)
 
 
 def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
@@ -127,6 +216,37 @@ def pool(arms_units: Sequence[np.ndarray]) -> Pooled | None:
     ms_res = sum(d * r for d, (_, r) in zip(dfs, ms, strict=True)) / sum(dfs)
     df_rep = max(len(rep) // 2, 1) * min(dfs)
     return Pooled(ms_rep, ms_res, df_rep, sum(dfs) * (n - 1))
+
+
+def teacher_priors(arms: Mapping[str, Sequence[np.ndarray]]) -> dict[str, Prior]:
+    """Each teacher's prior from all its arms in the grid (`arms`: teacher -> its arms' units, one
+    per group it is in): the prior df d0 from the spread of every arm's log ratio around its own
+    teacher's mean (`fit_prior` with the teacher as a factor, as limma fits a prior trend on a
+    covariate), the prior ratio the teacher's own, from its arms alone. One erratic teacher
+    (replicates three times as spread on every task) then has its own, larger prior, and its
+    steady neighbours theirs: no pre-test, nothing shared between them but d0. Teachers with
+    fewer than two replicated arms have no prior of their own and are left out (`decide_group`
+    gives them the group's floor, `pool`)."""
+    per = {t: _log_ratios(us) for t, us in arms.items()}
+    several = {t: (r, d) for t, (r, d) in per.items() if len(r) >= 2}
+    out: dict[str, Prior] = {}
+    if not several:
+        return out
+    e = {t: np.stack(r, axis=-1) for t, (r, _) in several.items()}
+    shift = {t: special.digamma(np.asarray(d) / 2) - np.log(np.asarray(d) / 2)
+             for t, (_, d) in several.items()}  # fmt: skip
+    resid = [np.log(np.maximum(e[t], 1e-12)) - shift[t] for t in several]
+    centred = np.concatenate([x - x.mean(axis=-1, keepdims=True) for x in resid], axis=-1)
+    dfs = np.concatenate([np.asarray(d) for _, d in several.values()])
+    spread = (centred**2).sum(axis=-1) / (centred.shape[-1] - len(several))
+    excess = spread - special.polygamma(1, dfs / 2).mean()
+    d0 = np.where(
+        excess > 0, np.minimum(2 * trigamma_inverse(np.maximum(excess, 1e-12)), _DF_INF), _DF_INF
+    )
+    for x, (t, (_, d)) in zip(resid, several.items(), strict=True):
+        s0 = np.exp(x.mean(axis=-1) + special.digamma(d0 / 2) - np.log(d0 / 2))
+        out[t] = Prior(s0, d0, _moderated_df(d0, min(d), len(d)))
+    return out
 
 
 def replicate_variance(units: ArrayLike) -> Any:
@@ -202,28 +322,31 @@ def satterthwaite(parts: Sequence[tuple[Any, Any]]) -> Any:
         return np.where(denom > 0, total * total / np.where(denom > 0, denom, 1.0), np.inf)
 
 
+Priors = Prior | Pooled | Sequence[Prior | Pooled | None] | None  # one for all arms, or per arm
+
+
 def contrast(
-    d: np.ndarray, rep_units: Sequence[np.ndarray], pooled: Pooled | None, level: Any
+    d: np.ndarray, rep_units: Sequence[np.ndarray], prior: Priors, level: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rule's interval for a difference, vectorised over leading axes (the simulations).
 
     `d`: per-item differences (..., n) of the arms' replicate-averaged scores; `rep_units`: the
-    replicate units (..., R, n) of each arm that has replicates; `pooled`: the group's mean
-    squares, a floor under each arm's own (see `_total`). Returns centre, se, df and the
+    replicate units (..., R, n) of each arm that has replicates; `prior`: the replicate variance
+    prior, one for all arms or one per arm (see `_total`). Returns centre, se, df and the
     half-width.
 
     The item part is taken after the Bonett-Price adjustment: one pseudo-item discordant each way
     on the scale of one adapter's 0/1 scores, so of weight 1/R on replicate means. It already
     holds the item-by-replicate noise of the means, so the replicate part is the between-replicate
     variance only (see `replicate_parts`)."""
-    centre, se, df = _contrast_stats(d, rep_units, pooled)
+    centre, se, df = _contrast_stats(d, rep_units, prior)
     q = stats.t.ppf(0.5 + np.asarray(level) / 2, df)
     with np.errstate(invalid="ignore"):  # a simulated arm all right or all wrong: se 0
         return centre, se, df, np.where(se > 0, q * se, 0.0)
 
 
 def _contrast_stats(
-    d: np.ndarray, rep_units: Sequence[np.ndarray], pooled: Pooled | None
+    d: np.ndarray, rep_units: Sequence[np.ndarray], prior: Priors
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(centre, se, df) of a difference, before any critical value (see `contrast`)."""
     n = d.shape[-1]
@@ -231,45 +354,60 @@ def _contrast_stats(
     m = n + 2 * w
     centre = d.sum(axis=-1) / m
     item_var = np.maximum(((d * d).sum(axis=-1) + 2 * w) / m - centre * centre, 0.0) / m
-    var, df = _total([(item_var, n - 1)], rep_units, pooled)
+    var, df = _total([(item_var, n - 1)], rep_units, prior)
     return centre, np.sqrt(var), df
 
 
-def own_mean_squares(units: np.ndarray, pooled: Pooled | None) -> Pooled:
-    """An arm's replicate mean squares as the rule uses them: its own MS_rep (R - 1 df), or the
-    group's typical one (`pool`, with its df) where that is larger; its own MS_res."""
+def own_mean_squares(units: np.ndarray, prior: Prior | Pooled | None) -> Pooled:
+    """An arm's replicate mean squares as the rule uses them. With its teacher's `Prior`,
+    Smyth (2004)'s moderated variance: its MS_rep / MS_res on d = R - 1 df and the prior's ratio
+    on d0 df averaged with weights d0 and d, times its own MS_res, on d0 + d df (at most
+    `Prior.df_cap`). With the group's `Pooled` floor (nothing to borrow from): its own MS_rep
+    (d df), or the group's typical one (with its df) where that is larger. Its own MS_res."""
     ms_rep, ms_res = mean_squares(units)
     r, n = units.shape[-2:]
-    df_rep = np.full(np.shape(ms_rep), float(r - 1))
-    if pooled is not None:
-        use = np.asarray(pooled.ms_rep) > ms_rep
-        ms_rep = np.where(use, pooled.ms_rep, ms_rep)
-        df_rep = np.where(use, pooled.df_rep, df_rep)
+    d = float(r - 1)
+    df_rep = np.full(np.shape(ms_rep), d)
+    if isinstance(prior, Prior):
+        ok = np.asarray(ms_res) > 0  # no residual noise (all right or all wrong): its own
+        ratio = np.asarray(ms_rep) / np.where(ok, ms_res, 1.0)
+        d0 = np.asarray(prior.df, dtype=float)
+        mod = (d0 * prior.ratio + d * ratio) / (d0 + d) * ms_res
+        ms_rep = np.where(ok, mod, ms_rep)
+        df_rep = np.where(ok, np.minimum(d0 + d, prior.df_cap), df_rep)
+    elif prior is not None:
+        use = np.asarray(prior.ms_rep) > ms_rep
+        ms_rep = np.where(use, prior.ms_rep, ms_rep)
+        df_rep = np.where(use, prior.df_rep, df_rep)
     return Pooled(ms_rep, ms_res, df_rep, (r - 1) * (n - 1))
 
 
 def _total(
-    parts: list[tuple[Any, Any]], rep_units: Sequence[np.ndarray], pooled: Pooled | None
+    parts: list[tuple[Any, Any]], rep_units: Sequence[np.ndarray], prior: Priors
 ) -> tuple[Any, Any]:
     """(variance, Welch-Satterthwaite df) of the item part plus each replicated arm's part.
 
-    Each arm's between-replicate part is the larger of its own estimate (R - 1 df) and the
-    group's typical one (`pool`: the median over its arms), with the df of the one used; no
-    pre-test. One erratic teacher (three times the others' seed SD) keeps its own, larger
-    variance, where pooling would give it a share of its steady neighbours' (and Bartlett's
-    pre-test misses it in most groups of three replicates); a steady teacher never gets a
-    smaller variance than the group's typical one, so the 2-df noise of its own estimate cannot
-    shrink its interval, and the median keeps the erratic teacher's spread out of its steady
-    neighbours' intervals (with a pooled mean as the floor they lose most of their power).
-    Pooled alone breaks the error rates with one erratic teacher; each arm's own alone, signed,
-    breaks them at three replicates (benchmarks/README.md measures all three). Elementwise over
-    the simulations' leading axes."""
+    Each arm's between-replicate part is its moderated estimate (`own_mean_squares`): with 3
+    replicates an arm's own has 2 df, too few for power; the moderated one borrows degrees of
+    freedom from the teacher's arms on the grid's other tasks and students (`teacher_priors`).
+    The prior is each teacher's own, so one erratic teacher (three times the others' seed SD)
+    keeps its larger variance and its steady neighbours theirs, without a pre-test; only the
+    prior df d0 is shared. A teacher with a single arm (a grid of one group) has nothing to
+    borrow from: its part is the larger of its own estimate (R - 1 df) and the group's typical
+    one (`pool`: the median over its arms), with the df of the one used, so the 2-df noise of
+    its own cannot shrink its interval and an erratic teacher keeps its own, larger variance
+    (pooling would give it a share of its steady neighbours'; the median keeps its spread out of
+    theirs). `prior`: one for every arm or one per arm in
+    `rep_units`' order. benchmarks/README.md measures the error rates and power. Elementwise
+    over the simulations' leading axes."""
     out = list(parts)
-    for units in rep_units:
-        out += replicate_parts(
-            own_mean_squares(units, pooled), 1 / units.shape[-2], units.shape[-1]
-        )
+    for units, p in zip(rep_units, _per_arm(prior, len(rep_units)), strict=True):
+        out += replicate_parts(own_mean_squares(units, p), 1 / units.shape[-2], units.shape[-1])
     return np.maximum(sum(v for v, _ in out), 0.0), satterthwaite(out)
+
+
+def _per_arm(prior: Priors, k: int) -> list[Prior | Pooled | None]:
+    return list(prior) if isinstance(prior, (list, tuple)) else [prior] * k
 
 
 def replicate_parts(ms: Pooled | None, weight: Any, n: int) -> list[tuple[Any, Any]]:
@@ -281,22 +419,24 @@ def replicate_parts(ms: Pooled | None, weight: Any, n: int) -> list[tuple[Any, A
     return [(weight * ms.ms_rep / n, ms.df_rep), (-weight * ms.ms_res / n, ms.df_res)]
 
 
-def difference(a: Arm, b: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estimate:
+def difference(a: Arm, b: Arm, level: float = 0.95, prior: Priors = None) -> Estimate:
     """Accuracy of arm `a` minus arm `b` on the same items, with the rule's interval at `level`;
-    `pooled`: the group's mean squares (default: pooled over `a` and `b`)."""
-    centre, se, df = _difference_stats(a, b, pooled)
+    `prior`: the replicate variance prior, one for both or (a's, b's) (default: `pool` of the
+    two)."""
+    centre, se, df = _difference_stats(a, b, prior)
     return _interval(a.accuracy - b.accuracy, centre, se, df, level)
 
 
-def _difference_stats(a: Arm, b: Arm, pooled: Pooled | None) -> tuple[float, float, float]:
+def _difference_stats(a: Arm, b: Arm, prior: Priors) -> tuple[float, float, float]:
     n = a.units.shape[1]
     if b.units.shape[1] != n:
         raise ValueError(f"arms must score the same items: {n} and {b.units.shape[1]}")
     d = a.units.mean(axis=0) - b.units.mean(axis=0)
-    reps = [x.units for x in (a, b) if not x.fixed and x.n_replicates > 1]
-    if pooled is None:
-        pooled = pool(reps)
-    centre, se, df = _contrast_stats(d, reps, pooled)
+    keep = [(x.units, p) for x, p in zip((a, b), _per_arm(prior, 2), strict=True)
+            if not x.fixed and x.n_replicates > 1]  # fmt: skip
+    reps = [u for u, _ in keep]
+    priors = pool(reps) if prior is None else [p for _, p in keep]
+    centre, se, df = _contrast_stats(d, reps, priors)
     return float(centre), float(se), float(df)
 
 
@@ -309,7 +449,7 @@ def _interval(point: float, centre: float, se: float, df: float, level: float) -
     return replace(est, p=p)
 
 
-def accuracy(a: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estimate:
+def accuracy(a: Arm, level: float = 0.95, prior: Prior | Pooled | None = None) -> Estimate:
     """An arm's accuracy with its interval: Jeffreys for one 0/1 replicate (good coverage near 0
     and 1, Brown, Cai & DasGupta 2001), else Agresti-Coull's pseudo-items (two right, two wrong)
     plus the between-replicate variance, as `contrast` does."""
@@ -326,7 +466,7 @@ def accuracy(a: Arm, level: float = 0.95, pooled: Pooled | None = None) -> Estim
     centre = float((x.sum() + 2 * w) / m)
     item_var = max(float(((x * x).sum() + 2 * w) / m - centre * centre), 0.0) / m
     reps = [a.units] if a.n_replicates > 1 else []
-    var, df = (float(v) for v in _total([(item_var, n - 1)], reps, pooled))
+    var, df = (float(v) for v in _total([(item_var, n - 1)], reps, prior))
     se = math.sqrt(var)
     half = float(stats.t.ppf(0.5 + level / 2, df)) * se
     return _estimate(p, centre, half, level, se, df, (0.0, 1.0))
@@ -398,9 +538,7 @@ class GroupDecision:
 _MC_DRAWS = 10_000  # max-t quantiles: Monte Carlo error of the 95% point about 4% of alpha
 
 
-def arm_covariance(
-    base: np.ndarray, arms: Sequence[np.ndarray], pooled: Pooled | None
-) -> np.ndarray:
+def arm_covariance(base: np.ndarray, arms: Sequence[np.ndarray], prior: Priors) -> np.ndarray:
     """Covariance (..., m + 1, m + 1) of the mean accuracies of the baseline (..., n) and the
     arms (..., R_t, n): the item part (arms share the test items) plus each arm's
     between-replicate variance / R_t as `_total` takes it (at least 0)."""
@@ -409,8 +547,8 @@ def arm_covariance(
     xc = x - x.mean(axis=-1, keepdims=True)
     cov = xc @ np.swapaxes(xc, -1, -2) / (n - 1) / n
     rep = [np.zeros(x.shape[:-2])]
-    for a in arms:
-        ms = own_mean_squares(a, pooled) if a.shape[-2] > 1 else None
+    for a, p in zip(arms, _per_arm(prior, len(arms)), strict=True):
+        ms = own_mean_squares(a, p) if a.shape[-2] > 1 else None
         s2 = 0.0 if ms is None else np.maximum(0.0, ms.ms_rep - ms.ms_res) / n
         rep.append(np.broadcast_to(s2 / a.shape[-2], x.shape[:-2]))
     return cov + np.stack([np.asarray(r) for r in rep], axis=-1)[..., None, :] * np.eye(len(rep))
@@ -483,6 +621,7 @@ def decide_group(
     alpha: float = 0.05,
     effect: float = 0.03,
     min_replicates: int = 3,
+    prior: Mapping[str, Prior] | None = None,
 ) -> GroupDecision:
     """The answer for one group: every teacher against the baseline and against every other.
 
@@ -504,8 +643,9 @@ def decide_group(
     names = list(arms)
     m = len(names)
     exploratory = any(a.exploratory for a in arms.values())
-    pooled = pool([a.units for a in arms.values()])
-    cov = arm_covariance(b.units[0], [a.units for a in arms.values()], pooled)
+    floor = pool([a.units for a in arms.values()])
+    per = {t: (prior or {}).get(t, floor) for t in names}
+    cov = arm_covariance(b.units[0], [a.units for a in arms.values()], [per[t] for t in names])
     pairs_idx = list(itertools.combinations(range(m), 2))
     family = [(i, None) for i in range(m)] + [(j, i) for i, j in pairs_idx]
     tail = simultaneous_tail(_weights(m, family), cov, alpha)
@@ -513,10 +653,10 @@ def decide_group(
     base_est = accuracy(b, 1 - alpha)
     rows, gain_stats = [], []
     for t in names:
-        g_stats = _difference_stats(arms[t], b, pooled)
+        g_stats = _difference_stats(arms[t], b, [per[t], None])
         gain_stats.append(g_stats)
         g = _interval(arms[t].accuracy - b.accuracy, *g_stats, level)
-        acc = accuracy(arms[t], level, pooled)
+        acc = accuracy(arms[t], level, per[t])
         centre, se, df = g_stats
         upper = centre + float(stats.t.ppf(1 - alpha, df)) * se
         rows.append(
@@ -531,7 +671,7 @@ def decide_group(
     pairs, above = [], np.zeros((m, m))  # above[j, i]: t statistic of teacher j minus teacher i
     for i, j in pairs_idx:
         x, y = arms[names[i]], arms[names[j]]
-        centre, se, df = _difference_stats(y, x, pooled)
+        centre, se, df = _difference_stats(y, x, [per[names[j]], per[names[i]]])
         d = _interval(y.accuracy - x.accuracy, centre, se, df, level)
         above[j, i], above[i, j] = (centre / se, -centre / se) if se > 0 else (0.0, 0.0)
         pairs.append(
@@ -591,9 +731,17 @@ def decide_groups(
     min_replicates: int = 3,
 ) -> tuple[dict[Any, GroupDecision], dict[str, Any]]:
     """Every group's decision (`decide_group`), and the multiplicity rule's record: one family
-    per group, the chance of any false better/worse in a group at most alpha."""
+    per group, the chance of any false better/worse in a group at most alpha. The replicate
+    variance borrows across the groups: each teacher's prior from its arms in every group
+    (`teacher_priors`); a teacher in one group only gets its group's floor, so a grid of one
+    group is decided as `decide_group` decides it alone."""
+    arms: dict[str, list[np.ndarray]] = {}
+    for _, teachers in groups.values():
+        for t, d in teachers.items():
+            arms.setdefault(t, []).append(replicate_units(d))
+    prior = teacher_priors(arms)
     decide = {
-        key: decide_group(base, teachers, alpha, effect, min_replicates)
+        key: decide_group(base, teachers, alpha, effect, min_replicates, prior)
         for key, (base, teachers) in groups.items()
     }
     return decide, {"rule": "group", "alpha": alpha}
@@ -695,8 +843,8 @@ def rule_calls_better(
     teachers += list(others)
     m = len(teachers)
     units = [t.astype(float) for t in teachers]
-    pooled = pool(units)
-    cov = arm_covariance(base.astype(float), units, pooled).mean(axis=0)
+    prior = pool(units)
+    cov = arm_covariance(base.astype(float), units, prior).mean(axis=0)
     family = [(i, None) for i in range(m)] + [
         (j, i) for i, j in itertools.combinations(range(m), 2)
     ]
@@ -704,7 +852,7 @@ def rule_calls_better(
     other = base.astype(float) if b is None else b.mean(axis=1)
     d = a.mean(axis=1) - other
     reps = [x.astype(float) for x in ([a] if b is None else [a, b]) if x.shape[-2] > 1]
-    centre, _, _, half = contrast(d, reps, pooled, 1 - tail)
+    centre, _, _, half = contrast(d, reps, prior, 1 - tail)
     return (centre - half) > 0
 
 
@@ -813,13 +961,59 @@ def coverage(
     hits = np.zeros(3)
     for s in range(runs):
         arms = [arm(list(a[s])) for a in sims]
-        pooled = pool([a.units for a in arms])  # the group's, as `decide_group` takes it
-        g = difference(arms[0], baseline_arm(base[s]), 0.95, pooled)
-        d = difference(arms[0], arms[1], 0.95, pooled)
-        p = accuracy(arms[0], 0.95, pooled)
+        prior = pool([a.units for a in arms])  # the group's, as `decide_group` takes it
+        g = difference(arms[0], baseline_arm(base[s]), 0.95, prior)
+        d = difference(arms[0], arms[1], 0.95, prior)
+        p = accuracy(arms[0], 0.95, prior)
         hits += [
             g.low <= truth[0] - acc <= g.high,
             d.low <= truth[0] - truth[1] <= d.high,
             p.low <= truth[0] <= p.high,
         ]
     return tuple(float(h) for h in hits / runs)
+
+
+def grid_rates(
+    rng: np.random.Generator, runs: int, accs: Sequence[float], tasks: int = 4,
+    students: int = 2, base_acc: float = 0.3, replicates: int = 3,
+    rep_sd: float | Sequence[float] = 0.035, rep_df: float = math.inf, task_sd: float = 0.0,
+    n: int = 200, concordance: float = 0.5,
+) -> dict[str, float]:  # fmt: skip
+    """Frequencies of the rule's claims over simulated grids of `tasks` x `students` groups,
+    each decided with `decide_groups` (the replicate variance borrowed across the grid). A
+    teacher's true accuracy on a task is `accs` plus a teacher x task effect of SD `task_sd`
+    that every student of the task shares; each group is otherwise `simulate`d. Per group:
+    "error": any better/worse whose direction the truth does not have (a tie counts as no
+    direction), "false": a teacher named that is not the unique true best, "named": the unique
+    true best named, "none": "none" said."""
+    truth = np.asarray(accs) + rng.normal(0.0, task_sd, (tasks, len(accs)))
+    truth = np.clip(truth, 0.01, 0.99)
+    sims = {
+        (c, s): simulate(rng, runs, n, base_acc, list(truth[c]), replicates, rep_sd,
+                         concordance, rep_df)
+        for c in range(tasks) for s in range(students)
+    }  # fmt: skip
+    names = [f"t{k}" for k in range(len(accs))]
+    counts = dict.fromkeys(("error", "false", "named", "none"), 0.0)
+    for r in range(runs):
+        groups = {
+            g: (base[r], {t: list(a[r]) for t, a in zip(names, arms, strict=True)})
+            for g, (base, arms) in sims.items()
+        }
+        decided, _ = decide_groups(groups)
+        for (c, _s), d in decided.items():
+            true = dict(zip(names, truth[c], strict=True))
+            claims = [(t["teacher"], None, t["verdict"]) for t in d.teachers]
+            claims += [(q["b"], q["a"], q["verdict"]) for q in d.pairs]
+            wrong = False
+            for y, x, v in claims:
+                diff = true[y] - (base_acc if x is None else true[x])
+                wrong |= (v == "better" and diff <= 0) or (v == "worse" and diff >= 0)
+            top = [t for t in names if true[t] == max(true.values())]
+            best = top[0] if len(top) == 1 and true[top[0]] > base_acc else None
+            named = d.answer not in (ANSWERS_NONE, INCONCLUSIVE)
+            counts["error"] += wrong
+            counts["false"] += named and d.answer != best
+            counts["named"] += named and d.answer == best
+            counts["none"] += d.answer == ANSWERS_NONE
+    return {k: v / (runs * tasks * students) for k, v in counts.items()}
