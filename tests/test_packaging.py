@@ -213,6 +213,10 @@ def test_make_install_ends_by_saying_it_is_done_and_what_comes_next() -> None:
     """The last line `make install` prints (dry run: nothing is installed here)."""
     if shutil.which("make") is None:
         pytest.skip("no make")
-    out = subprocess.run(["make", "-n", "install"], cwd=REPO, capture_output=True, text=True)
+    # --no-print-directory: under `make test` this make is a sub-make, which would otherwise
+    # end with "make[1]: Leaving directory"
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", "install"], cwd=REPO, capture_output=True, text=True
+    )
     last = out.stdout.strip().splitlines()[-1]
     assert "make install: done" in last and "make demo" in last and "activate" in last, last
