@@ -154,10 +154,36 @@ def output_path(
     return path
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def abandoned(paths: Iterable[Path]) -> list[Path]:
+    """The temporaries among `paths` (named `<...>-<pid>`) whose writing process is gone: what a
+    SIGKILL or a power cut left behind. A live process's temporary is never among them."""
+    out = []
+    for p in paths:
+        pid = p.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            out.append(p)
+    return out
+
+
 def atomic_write_bytes(path: Path, data: bytes, fix: str = _FIX) -> None:
     """Write to a temporary sibling, fsync, rename: readers see the old file or the new one. A
-    failure is a UserError naming the file and `fix`, what to do about it."""
+    failure is a UserError naming the file and `fix`, what to do about it. An interruption (a
+    signal raised as an exception) removes the temporary; one a killed writer left is removed by
+    the next write of the same file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in abandoned(path.parent.glob(f".{path.name}.tmp-*")):
+        stale.unlink(missing_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -168,6 +194,9 @@ def atomic_write_bytes(path: Path, data: bytes, fix: str = _FIX) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: could not write ({e.strerror}); {fix}, then re-run.") from None
+    except BaseException:  # SIGINT/SIGTERM arrive as exceptions (errors.stop_on_signals)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def atomic_write_text(path: Path, text: str, fix: str = _FIX) -> None:

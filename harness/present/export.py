@@ -35,7 +35,7 @@ import yaml
 
 from harness.config.schema import Experiment
 from harness.errors import UserError
-from harness.store import Store, atomic_write_text, read_json, read_jsonl, safe_name
+from harness.store import Store, abandoned, atomic_write_text, read_json, read_jsonl, safe_name
 from harness.workflow import grid as grids
 from harness.workflow.cells import Cell
 
@@ -199,19 +199,10 @@ def run(
 def _remove_abandoned(out: Path) -> None:
     """Delete what a killed export of `out` left: its temporary and replaced directories
     (`.<name>.tmp-<pid>`, `.<name>.old-<pid>`) whose process is gone."""
-    for d in [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]:
-        pid = d.name.rpartition("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
+    for d in abandoned(
+        [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]
+    ):
+        shutil.rmtree(d, ignore_errors=True)
     return True
 
 

@@ -704,8 +704,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except (Interrupted, KeyboardInterrupt) as e:  # cotgap reports the stop, not the worker
         if cell_dir is not None:  # a save or checkpoint cut short leaves no half-written folder
-            for tmp in [*cell_dir.glob(".*.tmp"), *cell_dir.glob("checkpoints/.tmp-*")]:
-                shutil.rmtree(tmp, ignore_errors=True)
+            for tmp in [*cell_dir.glob(".*.tmp*"), *cell_dir.glob("checkpoints/.tmp-*")]:
+                if tmp.is_dir():  # a folder written whole (_write_dir, a checkpoint)
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:  # a file written whole (atomic_write_text)
+                    tmp.unlink(missing_ok=True)
         return 128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT)
     return 0
 

@@ -221,3 +221,40 @@ def test_lock_files_of_a_killed_run_go_with_the_next_run(tmp_path):
             pass
         assert not stale.exists() and held.exists()
     assert not held.exists()
+
+
+def test_an_interrupted_atomic_write_leaves_no_temporary(tmp_path, monkeypatch):
+    """A signal raised as an exception mid-write (errors.stop_on_signals) removes the temporary and
+    keeps the old file whole."""
+    from harness.errors import Interrupted
+    from harness.store import atomic_write_text
+
+    path = tmp_path / "train_log.jsonl"
+    atomic_write_text(path, "old\n")
+
+    def interrupted(fd):
+        raise Interrupted(15)
+
+    monkeypatch.setattr("harness.store.os.fsync", interrupted)
+    with pytest.raises(Interrupted):
+        atomic_write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["train_log.jsonl"]
+
+
+def test_the_next_write_removes_a_killed_writers_temporary(tmp_path):
+    """A SIGKILL between the write and the rename leaves `.<name>.tmp-<pid>`: the next write of the
+    same file removes it; a live process's temporary is left alone."""
+    from harness.store import atomic_write_text
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    dead_pid = int(dead.stdout)
+    (tmp_path / f".index.csv.tmp-{dead_pid}").write_text("half")
+    (tmp_path / f".index.csv.tmp-{os.getppid()}").write_text("being written")  # alive
+    atomic_write_text(tmp_path / "index.csv", "a,b\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".index.csv.tmp-{os.getppid()}",
+        "index.csv",
+    ]
