@@ -72,7 +72,8 @@ TEST_WORKERS ?= 2
 
 # Test tiers: `make check` (tests/unit: pure functions, no engine, worker or CLI process) for each
 # change; `make test` (the README's command) adds the pipeline tests; `make test-slow` the fault
-# suite, the combination grids, the served teacher and the real model; CI runs test and test-slow.
+# suite, the combination grids, the served teacher, the real model and the heavy grids (the GPU
+# check's CPU dry run, the paper-study twin, the mixed-features grid); CI runs test and test-slow.
 check: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -81,10 +82,10 @@ check: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served" --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served and not heavy" --durations=25
 
 test-slow: install real-models
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served) and not combos_full" -rs --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served or heavy) and not combos_full" -rs --durations=25
 
 # All 18 grids of the pairwise feature array (tests/test_combos.py); CI runs the few that hold
 # every factor value. Run it before a release, or after a change to how features combine.

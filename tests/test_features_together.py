@@ -160,6 +160,8 @@ def mixed_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # the mixed-features grid: make test-slow
+@pytest.mark.xdist_group("mixed")  # one worker builds the grid for both
 def test_mix_with_screen_and_top_k_runs_to_a_leaderboard(mixed_run):
     config, root, out = mixed_run
     assert out.returncode == 0, out.stderr[-3000:]
@@ -173,6 +175,8 @@ def test_mix_with_screen_and_top_k_runs_to_a_leaderboard(mixed_run):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
+@pytest.mark.xdist_group("mixed")  # one worker builds the grid for both
 def test_a_mix_grid_exports_with_its_teachers_traces_named(mixed_run, tmp_path):
     config, root, _ = mixed_run
     out = cotgap("export", str(config), "--out", str(tmp_path / "export"))

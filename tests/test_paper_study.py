@@ -67,6 +67,7 @@ def twin(results: Path) -> dict:
     }
 
 
+@pytest.mark.heavy  # a whole study-shaped grid: make test-slow
 def test_the_study_twin_gates_a_task_and_rechecks_the_mix(tmp_path):
     zoo.build(profile="test", progress=False)
     config = tmp_path / "twin.yaml"
