@@ -116,7 +116,8 @@ class StageProgress:
         self.cell: str | None = None
         self.description = description
         self.done, self.total = 0, None
-        self.tokens, self.start, self.last_line = 0, None, 0.0
+        self.tokens, self.last_line = 0, 0.0
+        self.start: float | None = None
         self.extra = ""
         # a bar inside a phase bar is indented under it
         self.indent = "  " if self.rich and live() else ""
@@ -157,7 +158,7 @@ class StageProgress:
             self.start = self.start or time.perf_counter()
             self.done += event["samples"]
             self.tokens += event.get("tokens", 0)
-            speed = self.tokens / max(1e-9, time.perf_counter() - self.start)
+            speed = self.tokens / max(1e-9, time.perf_counter() - (self.start or 0.0))
             text = f"{speed:,.0f} tok/s" + (f"  {self.extra}" if self.extra else "")
             p.update(t, advance=event["samples"], speed=text)
             of = f"/{self.total}" if self.total is not None else ""
@@ -283,7 +284,8 @@ class Relay:
         self._read()
         for bar in self.bars.values():
             bar.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def _loop(self) -> None:
         while not self.stopping.wait(self.every):

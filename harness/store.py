@@ -380,7 +380,7 @@ class Store:
             if not (d / "manifest.json").exists():
                 continue
             try:
-                problem = _outputs_problem(d, self.manifest(kind, d.name)["outputs"])
+                problem = _outputs_problem(d, (self.manifest(kind, d.name) or {})["outputs"])
             except UserError:
                 problem = "manifest.json is damaged"
             if problem:

@@ -217,15 +217,13 @@ def _statements(
             more.append(Statement(m.start(), "boxed", content))
         end = m.end() + len(content) + 1
     tail = text.rstrip()[-_SPAN_CHARS:]
-    m = _A_LINE.search(tail)
-    if m:
-        more.append(Statement(len(text) - 1, "a_line", m.group(1)))
+    if a_line := _A_LINE.search(tail):
+        more.append(Statement(len(text) - 1, "a_line", a_line.group(1)))
     if bare_ok:
         for m in deque(_LETTER_FIRST.finditer(text), maxlen=_MAX_MARKERS):
             more.append(Statement(m.start(), "letter_first", m.group("p") or m.group("l")))
-        m = _LAST_LINE_LETTER.search(tail)
-        if m:
-            more.append(Statement(len(text), "last_line_letter", m.group(1)))
+        if last := _LAST_LINE_LETTER.search(tail):
+            more.append(Statement(len(text), "last_line_letter", last.group(1)))
     return sorted([*found, *more], key=lambda st: st.pos)[-_MAX_MARKERS:]
 
 
@@ -238,7 +236,7 @@ def _without_loops(boxes: list[tuple[re.Match, str]], text: str) -> list[tuple[r
     the statement before the loop stays the last one."""
     out: list[tuple[re.Match, str]] = []
     run: list[tuple[re.Match, str]] = []
-    for m, content in [*boxes, (None, None)]:
+    for m, content in [*boxes, (None, "")]:  # the last entry closes the last run
         prev = run[-1] if run else None
         if (
             prev is not None
@@ -263,7 +261,14 @@ _HEDGE = re.compile(
 
 
 def _unhedged(span: str) -> str:
-    return span[_HEDGE.match(span).end() :]
+    return span[_matched(_HEDGE, span).end() :]
+
+
+def _matched(pattern: re.Pattern[str], text: str, pos: int = 0) -> re.Match[str]:
+    """`pattern.match` for a pattern that matches every text (all of it optional)."""
+    m = pattern.match(text, pos)
+    assert m is not None, pattern.pattern
+    return m
 
 
 def _first_sentence(span: str) -> str:
@@ -435,7 +440,7 @@ def _number_at(span: str, choices: Choices = None, working: str = "") -> str | N
     text before the statement, whose computed results pick one of several numbers."""
     capital = _delatex(span).lstrip(_STRIP + ":")[:1].isupper()  # before "Therefore," goes
     span = _unhedged(_delatex(span))
-    span = span[_STEP_LABEL.match(span).end() :]
+    span = span[_matched(_STEP_LABEL, span).end() :]
     capital = capital or span[:1].isupper()
     if not _NUMBER_AT.match(span) and _number_word_at(span) is None:  # a value in sentences
         span = _unhedged(_concluding(span.split("\n", 1)[0]))
@@ -459,7 +464,7 @@ def _number_at(span: str, choices: Choices = None, working: str = "") -> str | N
     return _restated_number(sentence, working, capital) if values else None
 
 
-def _latest_computed(values: set[str], working: str) -> str | None:
+def _latest_computed(values: set[str | None], working: str) -> str | None:
     """Of several numbers a sentence names, the one the working computed last (the newest
     result of an "="), if any of them is one."""
     text = _delatex(working[-4 * _SPAN_CHARS :])
@@ -703,7 +708,9 @@ def _choice_last(text: str, choices: Choices = None) -> str | None:
     if m and _valid_letter(m.group(1), choices):
         return m.group(1)
     # one named group of _CHOICE_ANY holds the letter: the one its alternative has
-    letter = _newest(_CHOICE_ANY.finditer(text), lambda m: _valid_letter(m[m.lastgroup], choices))
+    letter = _newest(
+        _CHOICE_ANY.finditer(text), lambda m: _valid_letter(m[m.lastgroup or 0], choices)
+    )
     if letter or not choices:
         return letter
     return _find_option(_norm_text(text), [_norm_text(c) for c in choices]) or _option_number(
@@ -797,7 +804,7 @@ def _string_closing(text: str, choices: Choices = None) -> tuple[str, str] | Non
     found = _closing_sentence(text)
     pronoun = found and re.match(r"(?:This|That|It|There)\b", found[0])
     m = _STATED_VALUE.search(found[0]) if found and not pronoun else None
-    if m is None:
+    if m is None or found is None:
         return None
     value = canonical_string(m.group("c") or m.group("q") or m.group("w"))
     return (value, found[0]) if value else None
@@ -835,9 +842,11 @@ def canonical_date(text: str) -> str | None:
     return _date_text(m) if m else None
 
 
+_DATE_LEAD = re.compile(r"[\s*_`'\"“”‘’:=(\[]*")
+
+
 def _date_at(span: str, choices: Choices = None) -> str | None:
-    m = re.match(r"[\s*_`'\"“”‘’:=(\[]*", span)
-    m = _DATE.match(span, m.end())
+    m = _DATE.match(span, _matched(_DATE_LEAD, span).end())
     return _date_text(m) if m else None
 
 
@@ -901,7 +910,7 @@ def _math_closing(text: str, choices: Choices = None) -> tuple[str, str] | None:
     \\( n \\) is **7**."), when it is mathematics (a digit or a LaTeX command)."""
     found = _closing_sentence(text)
     verbs = deque(re.finditer(r"\s(?:is|are|equals)\s", found[0]), maxlen=1) if found else ()
-    if not verbs:
+    if not verbs or found is None:
         return None
     value = _math_at(_unhedged(found[0][verbs[0].end() :]))
     return (value, found[0]) if value and re.search(r"[0-9\\]", value) else None
@@ -1103,8 +1112,8 @@ def _close_as_stated(pred: str, gold: str) -> bool:
     """Math-Verify rounds numbers to 6 decimal places, so any two below 5e-7 match (3.3e-22 and
     1.3e-27). Where both answers are plain decimal numbers, they must also agree to the precision
     one of them states: within half a unit of its last digit (0.001429 for 1/700's 0.00142857)."""
-    found = [_STATED.fullmatch(x) for x in (pred, gold)]
-    if not all(found):
+    found = [m for x in (pred, gold) if (m := _STATED.fullmatch(x))]
+    if len(found) < 2:
         return True
     values, halves = [], []
     for m in found:

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, cast
 
 from pydantic import Field, model_validator
 
@@ -214,7 +214,7 @@ class TaskSpec(Strict):
         else:
             if self.fields is None:
                 raise ValueError("fields: required for hub and file sources")
-            pooled = set(self.source.files.splits) == {"all"}
+            pooled = self.source.files is not None and set(self.source.files.splits) == {"all"}
             if pooled != (self.split is not None):
                 raise ValueError(
                     "split: required when the source has one pool (all), else not allowed"
@@ -295,7 +295,7 @@ def task_spec(task: TaskSpec | str) -> TaskSpec:
 def _sizes(spec: TaskSpec) -> dict[str, int]:
     """Items each split has (tasks/<name>.yaml `sizes`, or what the sandbox generator makes)."""
     sb = spec.source.sandbox
-    return {"train": sb.n_train, "test": sb.n_test} if sb else dict(spec.sizes)
+    return {"train": sb.n_train, "test": sb.n_test} if sb else {k: v for k, v in spec.sizes.items()}
 
 
 def split_sizes(task: TaskSpec | str) -> dict[str, int]:
@@ -389,12 +389,14 @@ def _read_records(path: Path, fmt: str) -> list[tuple[str, Any]]:
     return [(f"element {i + 1} of the array", r) for i, r in enumerate(data)]
 
 
-def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row]:
-    files = spec.source.files
+def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
+    files, fields = spec.source.files, spec.fields
+    assert files is not None and fields is not None and data_dir is not None  # Source, TaskSpec
+    splits = cast("dict[str, tuple[str, ...]]", files.splits)
     rows: list[_Row] = []
     for key in keys:
         index = 0  # several files in one split continue one numbering
-        for rel in files.splits[key]:
+        for rel in splits[key]:
             path = data_dir / rel
             if rel in files.optional and not path.is_file():
                 continue
@@ -427,7 +429,12 @@ def _file_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path) -> list[_Row
                     f"{path}: no such file; task {spec.name} keeps the ids listed there."
                 )
             keep.update(read_utf8(path).split())
-        id_path = spec.fields.id
+        id_path = fields.id
+        if id_path is None:
+            raise UserError(
+                f"task {spec.name}: source.files.keep_ids lists ids, but fields.id does not say "
+                "where a row's id is; add fields.id to the task's YAML."
+            )
         rows = [r for r in rows if str(_get(r.data, id_path)) in keep]
     return rows
 
@@ -444,9 +451,10 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
     except ImportError:
         raise UserError("loading from the hub needs the `datasets` package; install it.") from None
     rows: list[_Row] = []
+    splits = cast("dict[str, tuple[str, ...]]", hub.splits)
     for key in keys:
         index = 0
-        for hub_split in hub.splits[key]:
+        for hub_split in splits[key]:
             try:
                 ds = datasets.load_dataset(
                     hub.id, hub.config, revision=hub.revision, split=hub_split
@@ -470,11 +478,13 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
 
 
 def _file_list(spec: TaskSpec) -> str:
-    return ", ".join(p for paths in spec.source.files.splits.values() for p in paths)
+    files = spec.source.files
+    return ", ".join(p for paths in files.splits.values() for p in paths) if files else ""
 
 
 def _sandbox_rows(spec: TaskSpec, keys: Iterable[str], data_dir: Path | None) -> list[_Row]:
     sb = spec.source.sandbox
+    assert sb is not None
     return [_Row(*row) for row in sandbox.source_rows(sb.generator, _sizes(spec), sb.seed, keys)]
 
 
@@ -527,8 +537,8 @@ def _parse_choices(value: Any) -> list[tuple[str, str]] | None:
     ):
         return [(str(c["label"]), str(c["text"])) for c in value]
     if isinstance(value, list) and all(isinstance(c, str) for c in value):
-        found = [re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S) for c in value]
-        return [(m.group(1), m.group(2)) for m in found] if all(found) else None
+        found = [m for c in value if (m := re.match(r"\s*\(?([A-Za-z0-9])\)\s*(.*)", c, re.S))]
+        return [(m.group(1), m.group(2)) for m in found] if len(found) == len(value) else None
     return None
 
 
@@ -673,8 +683,9 @@ def load_items(
         keys = ["train", "test"]  # the test questions are needed to leave them out
     rows = _SOURCES[kind](spec, keys, root)
     fields = _SANDBOX_FIELDS if src.sandbox else spec.fields
-    if kind == "hub" and src.hub.fields is not None:
+    if kind == "hub" and src.hub is not None and src.hub.fields is not None:
         fields = src.hub.fields
+    assert fields is not None  # TaskSpec: hub and file sources have fields
     skip = {e.index for e in spec.exclude}
     rows = [row for row in rows if row.index not in skip]
     items = []
@@ -686,6 +697,7 @@ def load_items(
         items = _without_test_questions(items, [r.split for r in rows], split)
     expected = _sizes(spec)
     if pooled and split != "all":
+        assert spec.split is not None  # TaskSpec: a pooled source has a split
         _check_size(spec, "all", len(items), expected.get("all"), root)
         train, test = _split_order(items, spec.split)
         items = train if split == "train" else test
@@ -711,8 +723,10 @@ def _without_test_questions(items: list[Item], splits: list[str], wanted: str) -
 def _missing_optional(spec: TaskSpec, split: str, root: Path | None) -> bool:
     """Whether an optional file of `split` is absent from the data dir (its size is then open)."""
     files = spec.source.files
+    assert files is not None
+    splits = cast("dict[str, tuple[str, ...]]", files.splits)
     keys = ("train", "test") if split == "all" else (split,)
-    paths = [p for k in keys for p in files.splits.get(k, ()) if p in files.optional]
+    paths = [p for k in keys for p in splits.get(k, ()) if p in files.optional]
     return root is not None and any(not (root / p).is_file() for p in paths)
 
 
@@ -796,6 +810,7 @@ def fewshot_exemplars(
     if ref.file is not None:
         path, kind = _file_of(spec.name).parent / ref.file, "file"
     else:
+        assert ref.data_file is not None  # FewShot: exactly one of file and data_file
         path, kind = _prompts_file(ref.data_file, data_dir_or_env(data_dir)), "data_file"
     if not path.is_file():
         raise UserError(
