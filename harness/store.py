@@ -313,6 +313,14 @@ class Store:
     def complete(self, kind: str, key: str) -> bool:
         return (self.cell_dir(kind, key) / "manifest.json").exists()
 
+    def completed(self, kind: str, key: str) -> dict:
+        """The manifest of a cell that must be complete (an upstream of work being done)."""
+        manifest = self.manifest(kind, key)
+        if manifest is None:
+            d = self.cell_dir(kind, key)
+            raise UserError(f"{kind} cell {d} is not complete; `cotgap run` computes it first.")
+        return manifest
+
     def output(self, kind: str, key: str, name: str) -> Path:
         """The file `name` of the complete cell (kind, key), for a stage downstream that reads it.
         A complete cell without it was damaged after it completed (a re-run keeps complete
@@ -380,7 +388,7 @@ class Store:
             if not (d / "manifest.json").exists():
                 continue
             try:
-                problem = _outputs_problem(d, (self.manifest(kind, d.name) or {})["outputs"])
+                problem = _outputs_problem(d, self.completed(kind, d.name)["outputs"])
             except UserError:
                 problem = "manifest.json is damaged"
             if problem:

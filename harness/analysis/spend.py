@@ -54,7 +54,7 @@ def traces_cost(exp: Experiment, store: Store, teacher: str, key: str | None) ->
     )
     prompt = usage.get("prompt_tokens", 0)
     completion = usage.get("completion_tokens", summary.get("generated_tokens", 0))
-    if not spec.served:  # the engine's own count: prompts of the records, once per item
+    if not spec.served and key is not None:  # the engine's own count: the records' prompts
         prompt = _prompt_tokens(store, key)
     return {
         "gen_prompt_tokens": prompt,

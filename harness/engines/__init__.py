@@ -66,6 +66,7 @@ def load(
     `max_loras`: how many of them one batch may mix (vLLM; peft serves any); `max_logprobs`: the
     most top log-probabilities a request asks for (Sampling.top_logprobs). A served model
     (engine.kind: openai) gets the OpenAI-compatible client whatever `name` says."""
+    engine: Engine
     if spec.served:
         engine = OpenAIEngine(spec, lora_rank=lora_rank, max_loras=max_loras)
         engine.emit = emit  # its notes (a long Retry-After) reach the stage's progress
@@ -75,9 +76,8 @@ def load(
     _convert_first(spec)
     emit({"status": f"starting the {name} engine"})
     began = time.perf_counter()
-    engine = ENGINES[name](
-        spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs
-    )
+    start: Callable[..., Engine] = ENGINES[name]  # each engine's own keywords
+    engine = start(spec, lora_rank=lora_rank, max_loras=max_loras, max_logprobs=max_logprobs)
     emit({"status": f"{name} engine up in {time.perf_counter() - began:.0f} s"})
     return engine
 
@@ -87,7 +87,7 @@ def _convert_first(spec: ModelSpec) -> None:
     de-quantisation takes tens of seconds with nothing else to show."""
     from harness.models import gguf
 
-    if not spec.path.startswith(gguf.PREFIX) or models.directory_here(spec) is not None:
+    if not (spec.path or "").startswith(gguf.PREFIX) or models.directory_here(spec) is not None:
         return
     emit(
         {
@@ -197,7 +197,7 @@ def run_in_child(
     ok = outcome is not None and outcome[0] == "result"
     if not ok or worker is not _Worker.warm:
         worker.stop()  # after a failed call the child exits by itself: it is never reused
-    if ok:
+    if ok and outcome is not None:
         return outcome[1]
     raise _failure(label, log_path, worker.child.returncode, outcome)
 
@@ -231,15 +231,17 @@ class _Worker:
         os.close(messages_w)
         os.close(alive_r)
         self.conn = Connection(messages_r, writable=False)
+        assert self.child.stdin is not None  # stdin=PIPE
+        self.stdin = self.child.stdin
         with contextlib.suppress(BrokenPipeError):  # a child that died at start-up
-            pickle.dump(sys.path, self.child.stdin)
-            self.child.stdin.flush()
+            pickle.dump(sys.path, self.stdin)
+            self.stdin.flush()
 
     def call(self, job: tuple, on_event: Callable[[Any], None] | None) -> tuple[str, Any] | None:
         """Send one call; relay its events; return its outcome (None: the child died)."""
         try:
-            pickle.dump(job, self.child.stdin)
-            self.child.stdin.flush()
+            pickle.dump(job, self.stdin)
+            self.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
         while True:
@@ -261,7 +263,7 @@ class _Worker:
         if kill:
             self.child.kill()
         with contextlib.suppress(OSError):
-            self.child.stdin.close()  # EOF: the child's loop ends
+            self.stdin.close()  # EOF: the child's loop ends
         self.child.wait()
         self.conn.close()
         with contextlib.suppress(OSError):

@@ -203,7 +203,7 @@ class Engine:
             texts = [(r.prompt or "") + r.continuation for r in requests]
             return [list(ids) for ids in self.tokenizer(texts)["input_ids"]]
         conversations = [
-            [dict(m) for m in r.messages or [{"role": "user", "content": r.prompt}]]
+            [dict(m) for m in r.messages or [{"role": "user", "content": r.prompt or ""}]]
             for r in requests
         ]
         if any(r.continuation for r in requests):  # the turn's text goes on after the template's

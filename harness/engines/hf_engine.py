@@ -18,6 +18,7 @@ from harness.config.schema import ModelSpec
 from harness.engines.base import (
     Adapters,
     Engine,
+    FinishReason,
     Request,
     Sample,
     Sampling,
@@ -219,7 +220,7 @@ class HFEngine(Engine):
         eos_at = next((j for j, t in enumerate(ids) if t in self.eos_ids), None)
         body = ids if eos_at is None else ids[:eos_at]
         text = self.tokenizer.decode(body, skip_special_tokens=True)
-        finish = "length"
+        finish: FinishReason = "length"
         cut = cut_at_stop(text, sampling.stop)
         if cut is not None:
             body = body[: self._tokens_until_stop(body, sampling.stop)]

@@ -212,7 +212,8 @@ class OpenAIEngine(Engine):
         if spec.path and self.settings.endpoint == "completions":
             super().__init__(spec)  # the local tokenizer renders the prompt as in-process
         else:
-            self.spec, self.tokenizer, self.model_dir = spec, None, None
+            # served without a local tokenizer: the server renders and counts
+            self.spec, self.tokenizer, self.model_dir = spec, None, None  # type: ignore[assignment]
             self._adapter_ids = {}
         self.served_model: str | None = None  # the name the server reports in its responses
         self.journal = Journal()
@@ -527,6 +528,7 @@ def _token_estimate(body: dict[str, Any]) -> float:
     """Tokens a request may use, before it is sent: its prompt (ids, or ~4 characters a token)
     and max_tokens for each of its n completions."""
     prompt = body.get("prompt")
+    size: float
     if isinstance(prompt, list):
         size = len(prompt)
     else:

@@ -335,7 +335,7 @@ class Schedule:
         gate = self.gates.get(c.key)
         screened_out = None
         if gate and not empty:
-            summaries = {k: self.store.manifest("screen", k)["summary"] for k in gate.group}
+            summaries = {k: self.store.completed("screen", k)["summary"] for k in gate.group}
             screened_out = gate.reason(summaries)
         if not (empty or screened_out or any(u in self.skipped for u in c.upstream)):
             return False

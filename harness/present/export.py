@@ -113,10 +113,10 @@ def _files(exp: Experiment, grid: grids.Grid) -> list[tuple[str, Cell]]:
 
     for (task, teacher, trace_seed), c in grid.traces.items():
         out.append((f"traces/{safe_name(task)}/{safe_name(teacher)}{draw(trace_seed)}.parquet", c))
-    for (task, teacher), c in grid.teachers.items():
-        out.append((f"predictions/{safe_name(task)}/teacher_{safe_name(teacher)}.parquet", c))
-    for (task, student), c in grid.baselines.items():
-        out.append((f"predictions/{safe_name(task)}/{safe_name(student)}_base.parquet", c))
+    for (task, teacher), e in grid.teachers.items():
+        out.append((f"predictions/{safe_name(task)}/teacher_{safe_name(teacher)}.parquet", e))
+    for (task, student), e in grid.baselines.items():
+        out.append((f"predictions/{safe_name(task)}/{safe_name(student)}_base.parquet", e))
     seen = set()
     for (task, student, teacher, regime, trace_seed, seed), d in grid.distilled.items():
         stem, of = f"{safe_name(task)}/{safe_name(student)}", f"{safe_name(teacher)}_{regime}"
@@ -203,7 +203,6 @@ def _remove_abandoned(out: Path) -> None:
         [*out.parent.glob(f".{out.name}.tmp-*"), *out.parent.glob(f".{out.name}.old-*")]
     ):
         shutil.rmtree(d, ignore_errors=True)
-    return True
 
 
 def _split(rel: str) -> str:

@@ -111,6 +111,7 @@ def log_mlflow(exp: Experiment, records: list[dict[str, Any]]) -> tuple[str, int
     # is what a run without a server or a database needs, and it still reads and writes runs.
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     cfg = exp.tracking.mlflow
+    assert cfg is not None  # called when tracking.mlflow is set
     uri = "file:" + str(_resolve(exp, cfg.uri.removeprefix("file:")))
     client = mlflow.MlflowClient(tracking_uri=uri)
     name = cfg.experiment or exp.name
@@ -150,6 +151,7 @@ def log_wandb(exp: Experiment, records: list[dict[str, Any]]) -> str:
             "tracking.wandb section."
         ) from None
     cfg = exp.tracking.wandb
+    assert cfg is not None  # called when tracking.wandb is set
     out = _resolve(exp, cfg.dir)
     out.mkdir(parents=True, exist_ok=True)
     run = wandb.init(

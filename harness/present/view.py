@@ -72,7 +72,7 @@ class _Cells:
 
     def __init__(self, root: Path, data_dir: str | None):
         self.root, self.data_dir = root, data_dir
-        self.evals: dict[str, dict] = {}
+        self.evals: dict[str, dict | None] = {}
         self.questions: dict[tuple[str, str, int | None], dict[str, str]] = {}
         self.notes: list[str] = []
 
@@ -241,7 +241,7 @@ def build(root: Path, data_dir: str | None = None) -> str:
     for n, r in enumerate(rows):
         if r[col["row_type"]] != "distilled":
             continue
-        row = {"task": r[col["task"]]}
+        row: dict[str, Any] = {"task": r[col["task"]]}
         base, post = cells.eval(r[col["baseline_key"]]), cells.eval(r[col["eval_key"]])
         why_not = r[col["screened_out"]] if "screened_out" in col else ""
         if why_not:  # skipped on purpose: not a cell still to compute
@@ -371,11 +371,9 @@ def embedded(page: str) -> tuple[dict, dict[str, str]]:
     """The index JSON and the raw blocks of a viewer page (for tests and tools)."""
     import re
 
-    index = json.loads(
-        re.search(r'<script type="application/json" id="index">(.*?)</script>', page, re.S)
-        .group(1)
-        .replace("<\\/", "</")
-    )
+    found = re.search(r'<script type="application/json" id="index">(.*?)</script>', page, re.S)
+    assert found is not None, "the viewer page has no index"
+    index = json.loads(found.group(1).replace("<\\/", "</"))
     blocks = dict(
         re.findall(r'<script type="application/gzip" id="b-([^"]+)">([^<]*)</script>', page)
     )

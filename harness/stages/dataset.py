@@ -31,7 +31,7 @@ def _traces(exp: Experiment, store: Store, cell: Dataset) -> tuple[dict[str, lis
         d = store.cell_dir("traces", key)
         if not store.complete("traces", key):
             raise UserError(f"traces cell {d} is not complete; run the traces stage first.")
-        if scoring.rescore_due(store.manifest("traces", key).get("summary") or {}):
+        if scoring.rescore_due(store.completed("traces", key).get("summary") or {}):
             out[key], rescored = _usable(scoring.rescore_cell(d, exp.data_dir)), rescored + 1
         else:
             out[key] = _usable(read_jsonl(store.output("traces", key, "traces.jsonl")))

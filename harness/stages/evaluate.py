@@ -119,9 +119,9 @@ def work(
         sessions.setdefault(served[entry[0].key][0], []).append(entry)
     results = {}
     for model_dir, group in sessions.items():
-        adapters = [served[c.key][1] for c, _, _ in group if served[c.key][1]]
+        adapters = [a for c, _, _ in group if (a := served[c.key][1])]
         own = engine is None or model_dir is not None
-        session = _start(exp, group[0][0], model_dir, adapters) if own else engine
+        session = _start(exp, group[0][0], model_dir, adapters) if own or engine is None else engine
         session_id = uuid.uuid4().hex[:12]
         print(f"engine session {session_id}: {session.name} on {session.model_dir}", flush=True)
         batches: dict[str, list] = {}  # cells under one eval config share the engine's batches
@@ -272,20 +272,20 @@ def _scored(window: list, batch: list, pairs: Any, ev: Any, engine: Engine) -> A
     if not ev.answer_pass:
         yield from made
         return
-    made = list(made)
+    done = list(made)
     again = [
-        k for k, (i, _, rec) in enumerate(made) if scoring.needs_answer_pass(window[i][0].task, rec)
+        k for k, (i, _, rec) in enumerate(done) if scoring.needs_answer_pass(window[i][0].task, rec)
     ]
     asks = [
-        dataclasses.replace(batch[made[k][0]],
-                            continuation=made[k][1][0].text.rstrip() + "\n" + scoring.ANSWER_TRIGGER)
+        dataclasses.replace(batch[done[k][0]],
+                            continuation=done[k][1][0].text.rstrip() + "\n" + scoring.ANSWER_TRIGGER)
         for k in again
     ]  # fmt: skip
     sampling = Sampling(max_tokens=ANSWER_PASS_TOKENS, stop=(*ev.stop, "\n\n"), seed=ev.seed)
-    adapters = [window[made[k][0]][0].adapter for k in again]
+    adapters = [window[done[k][0]][0].adapter for k in again]
     outs = engine.generate(asks, sampling, adapters) if asks else []
     seconds = {k: out[0] for k, out in zip(again, outs, strict=True)}
-    for k, (i, samples, rec) in enumerate(made):
+    for k, (i, samples, rec) in enumerate(done):
         job, item = window[i]
         extra = scoring.answer_pass_fields(job.task, item, rec, seconds.get(k), job.cell.extractor)
         yield i, samples, {**rec, **extra}

@@ -76,7 +76,7 @@ def run(exp: Experiment, store: Store, cells: list[Screen]) -> dict[str, dict]:
             datasets = {c.key: c.upstream[0] for c in pending.values()}
             datasets.update(_complete_screens(store, mine[0].config, task))
             size = {
-                k: store.manifest("dataset", d)["summary"]["n_examples"]
+                k: store.completed("dataset", d)["summary"]["n_examples"]
                 for k, d in datasets.items()
             }
             known: dict[tuple[str, str], dict] = {}

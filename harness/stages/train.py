@@ -139,7 +139,7 @@ def _job(exp: Experiment, store: Store, c: Adapter) -> dict:
     """What the worker needs to train one cell, and to complete it through the store."""
     student = exp.model(c.student)
     examples = store.output("dataset", c.upstream[0], "examples.jsonl")
-    dataset = store.manifest("dataset", c.upstream[0])["summary"]
+    dataset = store.completed("dataset", c.upstream[0])["summary"]
     budget = plan_budget(exp, store, c)  # counted from the datasets before training
     return {
         "model_dir": str(Path(models.resolve(student)).resolve()),
@@ -171,7 +171,7 @@ def _method_job(exp: Experiment, store: Store, c: Adapter) -> dict[str, Any]:
     if method["name"] == "kd":
         from harness.workflow.cells import Traces, model_identities
 
-        traces = store.manifest("dataset", c.upstream[0])["upstream"]
+        traces = store.completed("dataset", c.upstream[0])["upstream"]
         paths = {k: str(store.output("traces", k, distill_methods.TOPK).resolve()) for k in traces}
         own = None
         if c.teacher in {t.name for t in exp.teachers}:
@@ -297,7 +297,10 @@ def plan_budget(exp: Experiment, store: Store, cell: Adapter) -> dict[str, Any]:
 def updates(cfg: TrainConfig, n_examples: int) -> int:
     """Optimizer updates of a training config on a set (max_steps, or epochs over the set)."""
     size, ga, world = cfg.per_device_batch_size, cfg.grad_accum, cfg.num_processes
-    return cfg.max_steps or math.ceil(cfg.epochs * math.ceil(n_examples / size) / (ga * world))
+    if cfg.max_steps:
+        return cfg.max_steps
+    assert cfg.epochs is not None  # TrainConfig: exactly one of max_steps and epochs
+    return math.ceil(cfg.epochs * math.ceil(n_examples / size) / (ga * world))
 
 
 def seen(lengths: Sequence[int], cfg: TrainConfig, seed: int, steps: int) -> tuple[int, int]:

@@ -195,8 +195,8 @@ def _mean_ci(x: np.ndarray, ci: float, n_resamples: int, seed: int) -> Interval:
             draws = rng.multinomial(x.size, counts / x.size, size=n_resamples)
             means = draws @ values.astype(np.float64) / x.size
             alpha = (1 - ci) / 2
-            low, high = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
-            return Interval(estimate, float(low), float(high))
+            bounds = np.asarray(np.percentile(means, [100 * alpha, 100 * (1 - alpha)]))
+            return Interval(estimate, float(bounds[0]), float(bounds[1]))
     res = stats.bootstrap(
         (x,),
         np.mean,
@@ -254,8 +254,8 @@ def _bootstrap_correlation(
     if dist.size == 0:
         return math.nan, math.nan
     alpha = (1 - ci) / 2
-    low, high = np.quantile(dist, [alpha, 1 - alpha])
-    return float(low), float(high)
+    bounds = np.asarray(np.quantile(dist, [alpha, 1 - alpha]))
+    return float(bounds[0]), float(bounds[1])
 
 
 def _spearman_rows(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:

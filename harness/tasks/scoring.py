@@ -482,7 +482,7 @@ METRICS = "metrics.json"
 def trace_record(
     task: TaskSpec,
     item: Item,
-    prompt: str,
+    prompt: str | None,
     k: int,
     s: Sample,
     extractor: str,

@@ -51,6 +51,7 @@ def key_fields(regime: str, train: Any, traces: dict[str, str] | None = None) ->
     so the key of an unfiltered set does not depend on it)."""
     fields: dict[str, Any] = {"matched_by": train.matched_by if regime == "matched" else None}
     if regime == "mix":  # only the mix's keys hold this field
+        assert traces is not None  # a mix's weights are keyed by its teachers' traces
         fields["mix"] = sorted([traces[p.teacher], p.weight] for p in train.mix)
     if train.filter_by is not None:
         fields["filter"] = {"by": train.filter_by, "drop": train.filter_drop}
@@ -111,6 +112,7 @@ def select(
     `mix` holds (traces key, weight) pairs; each example names its traces cell (`source`)."""
     if regime == "mix":
         return _mix({key: render(usable[key]) for key, _ in mix}, dict(mix))
+    assert teacher is not None  # every regime but mix trains on one teacher's traces
     if regime == "intersection":  # solved: a correct trace, whether or not it fits
         solved = set.intersection(*({r["id"] for r in rs} for rs in usable.values()))
         usable = {teacher: [r for r in usable[teacher] if r["id"] in solved]}
