@@ -392,7 +392,8 @@ def _micro_batch(
     """A micro-batch of the method: sft, the examples; kd, with the teacher's top-k at each
     target; on_policy, the student's own samples of the prompts (or, for the teacher_share of
     micro-batches, the teacher's traces)."""
-    name = (method or {}).get("name", "sft")
+    method = method or {}  # none: sft
+    name = method.get("name", "sft")
     if name == "on_policy":
         if distill_methods.uses_teacher_data(method["seed"], position, method["teacher_share"]):
             method["extra"]["teacher_batches"] += 1
@@ -445,7 +446,8 @@ def completion_loss(acc: Any, model: Any, batch: dict, method: dict | None) -> t
     """The micro-batch's summed loss over its completion tokens under the method: sft, the
     cross-entropy (`completion_ce`); kd, CE mixed with the top-k forward KL; on_policy, the
     generalized JSD against the teacher, which scores the same tokens here."""
-    name = (method or {}).get("name", "sft")
+    method = method or {}  # none: sft
+    name = method.get("name", "sft")
     if name == "sft":
         return completion_ce(acc, model, batch)
     targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)
