@@ -163,7 +163,7 @@ def validate(
 ) -> None:
     """Check experiment YAML files: every error at once, with file, key path and suggestion."""
     _include(include_path)
-    errors = []
+    errors: list[str] = []
     for path in configs:
         try:
             exp = _load(path)
@@ -380,8 +380,8 @@ def _print_summary(answers: Path) -> None:
 
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    cols = ("task", "student", "regime", "answer", "distill?", "action", "gain [interval]")
-    cols += ("best set",)
+    cols: tuple[str, ...] = ("task", "student", "regime", "answer", "distill?", "action")
+    cols += ("gain [interval]", "best set")
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
     def pts(v: str) -> str:  # answers.csv holds points
@@ -962,10 +962,10 @@ def main() -> None:
         sys.exit(128 + signum)
     except Exception as e:
         if isinstance(e, _usage_error()):  # usage: the usage line and the problem, exit 2
-            e.show()
+            e.show()  # type: ignore[attr-defined]  # click's ClickException.show
             sys.exit(2)
-        fix = _OS_FIXES.get(e.errno) if isinstance(e, OSError) else None
-        if fix is None or _STATE["debug"]:
+        fix = _OS_FIXES.get(e.errno) if isinstance(e, OSError) and e.errno is not None else None
+        if fix is None or _STATE["debug"] or not isinstance(e, OSError):
             raise
         from rich.markup import escape
 
