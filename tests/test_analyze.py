@@ -669,11 +669,12 @@ def test_a_teacher_without_a_correct_trace_is_a_warning_in_the_report(tmp_path: 
     report = (analyze.run(exp, store, log=lambda _: None) / "report.md").read_text()
     assert report.index("## Answers") < report.index("## Warnings") < report.index("## Appendices")
     warnings = _section(report, "Warnings").strip().splitlines()[2:]
-    assert len(warnings) == len(empty) == 2  # one traces cell per task
+    # one traces cell per task; the same problem with the same advice is one line, advice once
+    assert len(empty) == 2 and len(warnings) == 1
+    (line,) = warnings
     for c in empty:
-        (line,) = [x for x in warnings if x.startswith(f"- {c.label}: ")]
-        assert "0 of 50 questions have a correct trace (100 samples)" in line
-        assert "raise generate.n or generate.max_tokens" in line
+        assert f"{c.label}: 0 of 50 questions have a correct trace (100 samples)" in line
+    assert line.count("raise generate.n or generate.max_tokens") == 1
 
 
 def test_empty_training_sets_are_skipped_not_incomplete_and_a_tiny_one_warns(
@@ -696,13 +697,32 @@ def test_empty_training_sets_are_skipped_not_incomplete_and_a_tiny_one_warns(
     assert json.loads((out / "analysis.json").read_text())["missing_cells"] == {}
     assert "Incomplete" not in report and "not computed yet" not in report
     warnings = _section(report, "Warnings").strip().splitlines()[2:]
+    # the empty sets share one line (one advice); the tiny adapter has its own
+    (line,) = [x for x in warnings if "0 training examples" in x]
     for c in empty:
-        (line,) = [x for x in warnings if x.startswith(f"- {c.label}: ")]
-        assert "0 training examples: its teacher wrote no correct trace" in line
-        assert "train.max_length" not in line
+        assert f"{c.label}: 0 training examples" in line
+    assert line.count(": its teacher wrote no correct trace") == 1
+    assert "train.max_length" not in line
     (line,) = [x for x in warnings if x.startswith(f"- {tiny.label}: ")]
     assert "1 training example(s) seen 160 times each (10 steps, batch 16)" in line
-    assert len(warnings) == len(empty) + 1
+    assert len(warnings) == 2
+
+
+def test_a_set_that_dropped_over_long_examples_warns() -> None:
+    """A training set that kept 2 of 3 correct traces (one longer than train.max_length) warns
+    with the numbers: the shorter traces are kept, which biases a comparison of teachers; under
+    the threshold it says nothing."""
+    from harness.analysis import health
+
+    exp = _experiment(Path("/nonexistent"))
+    cell = next(c for c in grids.expand(exp).unique() if c.kind == "dataset")
+    ((fact, advice),) = health._dataset(exp, cell, {"n_examples": 2, "n_dropped_overlong": 1})
+    assert (
+        fact
+        == f"{cell.label}: 1 of 3 examples dropped as longer than train.max_length {exp.train.max_length}"
+    )
+    assert "raise train.max_length" in advice
+    assert health._dataset(exp, cell, {"n_examples": 100, "n_dropped_overlong": 1}) == []
 
 
 def test_report_follows_the_data(tmp_path: Path) -> None:
@@ -1051,7 +1071,15 @@ def test_a_group_whose_training_sets_are_empty_still_has_its_answer(tmp_path: Pa
             else:
                 never.add(c.key)
     _populate(exp, store, skip=never)
-    _, missing, _, _ = analyze.leaderboard(exp, store)
+    board, missing, _, decisions = analyze.leaderboard(exp, store)
+    # the leaderboard says what the decision counts: the student as it is, and why
+    empty = board[(board["task"] == TASK) & (board["regime"] == "intersection")]
+    empty = empty[empty["row_type"] == "distilled"]
+    assert len(empty) > 0 and (empty["n_train_examples"] == 0).all()
+    assert (empty["post_acc"] == empty["base_acc"]).all() and (empty["gain"] == 0).all()
+    for s in STUDENTS:
+        assert sorted(decisions[TASK, s, "intersection"]["untrained"]) == sorted(TEACHERS)
+        assert decisions[TASK, s, "per_teacher"]["untrained"] == []
     full = _experiment(tmp_path / "full")
     _populate(full, Store(full.root))
     assert missing == analyze.leaderboard(full, Store(full.root))[1]  # OTHER's cells only
@@ -1060,6 +1088,8 @@ def test_a_group_whose_training_sets_are_empty_still_has_its_answer(tmp_path: Pa
     assert sorted(rows["student"]) == sorted(STUDENTS)
     assert (rows["gain"] == 0).all() and (rows["gain_low"] <= 0).all()
     assert (rows["gain_high"] >= 0).all()
+    report = (exp.root / "analysis" / "report.md").read_text()
+    assert "gave no usable training example: nothing was trained" in report
 
 
 def _decision(base_rate: float, posts: dict[str, float], n: int = 400, reps: int = 3) -> dict:

@@ -53,7 +53,7 @@ COLUMNS: dict[str, str] = {
     "trace_seed": "trace-sampling seed of the traces the row's training set was drawn from: one of "
     "generate.seeds, else generate.seed (distilled rows)",
     "base_acc": "student's test accuracy without distillation, a fraction in [0, 1]",
-    "post_acc": "distilled student's test accuracy, a fraction in [0, 1]",
+    "post_acc": "distilled student's test accuracy, a fraction in [0, 1]; where its training set is empty (n_train_examples 0: the teacher gave no usable trace), nothing is trained and this is the baseline's",
     "gain": "post_acc - base_acc on the same test items, a fraction in [-1, 1]",
     "gain_ci_low": "lower end of this adapter's gain CI over test items alone (analysis.ci, "
     "unadjusted): describes one trained adapter, never the teacher; see teacher_gain_low",
@@ -320,6 +320,10 @@ def leaderboard(
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     decisions = compare_groups(exp.analysis, dict(_group_arms(reader, board)))
+    for key, rows_of in board[board["row_type"] == "distilled"].groupby(_GROUP, sort=False):
+        if key in decisions:  # teachers whose every replicate had nothing to train on
+            empty = rows_of.groupby("teacher", sort=False)["n_train_examples"].max() == 0
+            decisions[key]["untrained"] = [str(t) for t in empty[empty].index]
     _decision_columns(board, decisions)
     spend.add_columns(exp, store, grid, board)
     rescored = Counter(kind for kind, _ in reader.rescored)
@@ -559,6 +563,8 @@ def _distilled_row(a: AnalysisConfig, reader: _Reader, d: grids.Distilled) -> di
     reader.summary("adapter", d.adapter.key)  # counted when absent; read by training_budget
     dataset = reader.summary("dataset", d.dataset.key)
     base, post = reader.eval(baseline_key), reader.eval(cell.key)
+    if post is None and dataset.get("n_examples") == 0:
+        post = base  # no training set, nothing trained: the student as it is (as decided, below)
     row = {
         "row_type": "distilled",
         "student": cell.model,

@@ -351,9 +351,16 @@ def _evidence(r: dict[str, Any]) -> str:
             if mde
             else ""
         )
+        untrained = d.get("untrained") or []
+        empty = (
+            f" {', '.join(untrained)} gave no usable training example: nothing was trained, so "
+            "its distilled student is the baseline itself (gain 0 by construction)."
+            if untrained
+            else ""
+        )
         parts.append(
             f"### {_who(g)}\n\nBaseline {pts(d['base_acc'])} "
-            f"{ci(d['base_low'], d['base_high']).replace('+', '')} on {d['n_items']} items.\n\n"
+            f"{ci(d['base_low'], d['base_high']).replace('+', '')} on {d['n_items']} items.{empty}\n\n"
             + md_table(header, rows)
             + (f"\n\nPairs: {pairs}." if pairs else "")
             + (f"\n\n{reach}." if reach else "")
