@@ -182,3 +182,24 @@ def test_a_package_requiring_its_chunks_reassembles_and_checks_the_published_sha
     with pytest.raises(UserError, match="tinyk-part4 are not installed"):
         gguf.locate("tinyk-short", "model 'm'")
     assert importlib.metadata.distribution("tinyk").requires == [f"{n}==1.0" for n in names]
+
+
+def test_a_killed_reassemblys_temporary_goes_with_the_next_one(tmp_path):
+    """SIGKILL mid-reassembly leaves `.tmp-<stamp>-<pid>` (up to the model's size): the next
+    reassembly of the same chunks removes it; a live process's is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    chunks = [tmp_path / f"c{i}" for i in range(2)]
+    for i, c in enumerate(chunks):
+        c.write_bytes(bytes([i]) * 10)
+    root = tmp_path / "assembled"
+    root.mkdir()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout)  # fmt: skip
+    (root / f".tmp-s1-{dead}").write_bytes(b"half")
+    (root / f".tmp-s1-{os.getppid()}").write_bytes(b"being written")
+    out = gguf._concatenate(chunks, root, "s1", "m.gguf")
+    assert out.read_bytes() == bytes([0]) * 10 + bytes([1]) * 10
+    assert sorted(p.name for p in root.glob(".tmp-*")) == [f".tmp-s1-{os.getppid()}"]

@@ -22,7 +22,8 @@ from harness.config.loading import load_experiment
 from harness.present import view
 from harness.sandbox import zoo
 
-pytestmark = [pytest.mark.slow, pytest.mark.combos]  # make test-slow: a 380-cell grid
+# make test-slow: a 380-cell grid, built once (one worker holds both tests)
+pytestmark = [pytest.mark.slow, pytest.mark.combos, pytest.mark.xdist_group("studies_grid")]
 STUDIES = ("stronger_teacher", "quantity_quality", "regime_flips", "capacity_gap", "delta_pairs",
            "families", "mix_parts", "selection_effect")  # fmt: skip
 WORDS = ("inconclusive", "too few", "better", "worse", "equivalent", "same", "flip", "wins",

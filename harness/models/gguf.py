@@ -212,7 +212,12 @@ def _assemble(
 
 
 def _concatenate(paths: list[Path], root: Path, stamp: str, name: str) -> Path:
-    """`paths` concatenated into `root/<sha256>/<name>`, renamed into place once complete."""
+    """`paths` concatenated into `root/<sha256>/<name>`, renamed into place once complete (what a
+    killed reassembly left, up to the model's size, goes first)."""
+    from harness.store import abandoned
+
+    for stale in abandoned(root.glob(f".tmp-{stamp}-*")):
+        stale.unlink(missing_ok=True)
     tmp = root / f".tmp-{stamp}-{os.getpid()}"
     h = hashlib.sha256()
     try:
@@ -330,6 +335,10 @@ def convert(ref: str, who: str) -> Path:
     with FileLock(str(root / f".{final.name}.lock")):
         if (final / "gguf.json").is_file():
             return final
+        from harness.store import abandoned
+
+        for stale in abandoned(root.glob(f".tmp-{final.name}-*")):  # a killed conversion's
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
