@@ -328,8 +328,15 @@ def run(
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
     start = time.time()
+    rounds = None
+    if exp.train.race is not None and only is None:  # a race: one round after another
+        from harness.analysis import analyze as analysis
+
+        def rounds() -> list:
+            return analysis.race_round(exp, store)
+
     with store.lock(timeout=wait):
-        counts = plan.run(exp, store, options=options, log=_log)
+        counts = plan.run(exp, store, options=options, log=_log, rounds=rounds)
         if only is None:
             from harness.analysis import analyze
 

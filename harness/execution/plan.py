@@ -33,9 +33,35 @@ def run(
     wanted: Iterable[Cell] | None = None,
     options: schedule.RunOptions = schedule.RunOptions(),
     log: Callable[[str], None] = print,
+    rounds: Callable[[], list[Cell]] | None = None,
 ) -> dict[str, int]:
     """Compute every missing cell among `wanted` (default: the whole grid) and the missing cells
-    they depend on, on the chosen executor; returns the computed cells by kind."""
+    they depend on, on the chosen executor; returns the computed cells by kind.
+
+    `rounds` (train.race, with the whole grid wanted): the cells the race wants so far, read
+    from the store (harness/analysis/race.py); it is asked again after every round, until a
+    round computes nothing. Each round's cells are ordinary cells: a killed race resumes from
+    what is cached, and a rerun asks for the same ones."""
+    if rounds is None or wanted is not None or exp.train.race is None:
+        return _run_once(exp, store, wanted, options, log)
+    total: dict[str, int] = {}
+    for n in range(1, exp.train.race.max_replicates - exp.train.race.min_replicates + 3):
+        counts = _run_once(exp, store, rounds(), options, log)
+        for kind, k in counts.items():
+            total[kind] = total.get(kind, 0) + k
+        if not any(counts.values()):
+            break
+        log(f"race: round {n} done ({sum(counts.values())} cell(s))")
+    return total
+
+
+def _run_once(
+    exp: Experiment,
+    store: Store,
+    wanted: Iterable[Cell] | None,
+    options: schedule.RunOptions,
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
     g = grids.expand(exp)
     wanted = g if wanted is None else wanted
     events = schedule.Events(store, log)

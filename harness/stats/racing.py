@@ -121,6 +121,7 @@ class Race:
     stopped_at: dict[str, int] = field(default_factory=dict)  # teacher -> look it stopped at
     running: list[str] = field(default_factory=list)  # teachers that get the next round
     done: bool = False  # decided, or at the last look: nothing more to train
+    next_replicates: int = 0  # replicates of the next look (0 when done)
 
     @property
     def decision(self) -> tl.GroupDecision | None:
@@ -130,7 +131,7 @@ class Race:
     @property
     def needs(self) -> dict[str, int]:
         """Replicates each running teacher needs for the next look (empty when done)."""
-        return {} if self.done else {t: self.replicates[t] + 1 for t in self.running}
+        return {} if self.done else dict.fromkeys(self.running, self.next_replicates)
 
     def adapters(self) -> int:
         return sum(self.replicates.values())
@@ -189,6 +190,8 @@ def race_groups(
             race.running = [t for t in race.running if t in keep]
             last = k == len(race_plan.looks) - 1
             race.done = last or not race.running or d.answer != tl.INCONCLUSIVE
+    for race in races.values():
+        race.next_replicates = 0 if race.done else race_plan.looks[len(race.looks)]
     return races
 
 
