@@ -20,6 +20,7 @@ from harness.config.loading import load_experiment
 from harness.config.schema import Experiment
 from harness.execution import plan, schedule
 from harness.store import Store
+from harness.workflow import grid
 from harness.workflow.cells import KINDS, Cell
 
 CONFIG = Path(__file__).resolve().parent / "fixtures" / "grid" / "test-grid.yaml"
@@ -137,3 +138,17 @@ def test_without_a_race_every_replicate_is_trained(tmp_path, fake):
     (d,) = analyze.leaderboard(exp, store)[3].values()
     assert "race" not in d
     assert d["answer"] == "t-large"
+
+
+def test_plan_states_the_adapters_and_gpu_hours_of_a_race(tmp_path):
+    exp = _exp(tmp_path, {"min_replicates": 3, "max_replicates": 5})
+    store, g = Store(exp.root), grid.expand(exp)
+    todo = plan.missing(store, g.unique())
+    head, total = plan.race_lines(exp, store, g, todo)
+    # one group of 2 teachers: 6 adapters if decided at the first look, 10 at the maximum
+    assert "3 to 5 trace draws, alpha spent over 3 looks" in head
+    assert "adapters at most 10, at least 6, expected about " in head
+    expected = float(head.split("expected about ")[1].split(" ")[0])
+    assert 6 <= expected <= 10
+    assert "the grid's 1 group(s): adapters at most 10" in total
+    assert plan.race_lines(_exp(tmp_path, None), store, g, todo) == []

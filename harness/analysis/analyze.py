@@ -37,6 +37,7 @@ from harness.stats import adapters, grid_level, teacher_level
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from harness.tasks import answers, scoring
 from harness.workflow import grid as grids
+from harness.workflow import race as race_cells
 from harness.workflow import regimes, selection
 from harness.workflow.cells import Cell, Eval, Traces
 
@@ -343,7 +344,7 @@ def race_round(exp: Experiment, store: Store) -> list[Cell]:
     cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new."""
     decisions = leaderboard(exp, store)[3]
     summaries = {k: d["race"] for k, d in decisions.items() if "race" in d}
-    return race.round_cells(exp, grids.expand(exp), summaries)
+    return race_cells.round_cells(exp, grids.expand(exp), summaries)
 
 
 def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:

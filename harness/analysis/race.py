@@ -1,5 +1,5 @@
-"""The race of `train.race` as a grid runs it: replayed from the cached eval cells, its decisions,
-what it saved against the uniform design, and the cells of its next round.
+"""The race of `train.race` as a grid runs it: replayed from the cached eval cells, its decisions
+and what it saved against the uniform design (the cells of its rounds: harness/workflow/race.py).
 
     cotgap run configs/my-race.yaml        # rounds until every group is decided or at its maximum
 
@@ -19,20 +19,7 @@ import numpy as np
 from harness.config.schema import Experiment
 from harness.stats import racing
 from harness.workflow import grid as grids
-from harness.workflow.cells import Cell
-
-
-def race_plan(exp: Experiment) -> racing.Plan | None:
-    """The race's looks and levels, or None without `train.race`."""
-    race = exp.train.race
-    if race is None:
-        return None
-    return racing.plan(race.min_replicates, race.max_replicates, 1 - exp.analysis.ci)
-
-
-def adapters_per_draw(exp: Experiment) -> int:
-    """Adapters one trace draw of one (task, student, teacher, regime) trains."""
-    return 1 if exp.train.replicates == "paired" else len(exp.train.seeds)
+from harness.workflow.race import adapters_per_draw, race_plan
 
 
 def draws_in_order(exp: Experiment, reps: list[Any]) -> list[np.ndarray]:
@@ -97,37 +84,6 @@ def summary(exp: Experiment, race: racing.Race, teachers: list[str]) -> dict[str
         "running": list(race.running),
         "next_replicates": race.next_replicates,
     }
-
-
-def round_cells(
-    exp: Experiment, grid: grids.Grid, races: Mapping[Any, Mapping[str, Any]]
-) -> list[Cell]:
-    """The cells the race wants computed so far: every cell but the distilled rows' (teacher
-    evals, baselines, selection), and the distilled evals (with their screens) of the draws each
-    group's race has used or asks for next (`races`: each group's `summary`); before the race
-    starts, every group's first look. Their inputs (adapters, training sets, traces) come with
-    them."""
-    plan = race_plan(exp)
-    assert plan is not None
-    order = {s: i for i, s in enumerate(exp.generate.trace_seeds)}
-    rows = {id(c) for d in grid.distilled.values() for c in (d.eval, d.adapter, d.dataset)}
-    rows |= {id(c) for c in (*grid.traces.values(), *grid.screens.values())}
-    out = [c for c in grid.cells if id(c) not in rows]
-    for (task, _, teacher, regime, draw, _), d in grid.distilled.items():
-        if order[draw] < _wanted(races.get((task, d.eval.model, d.eval.regime)), teacher, plan):
-            out.append(d.eval)
-            screen = grid.screens.get((task, d.eval.model, teacher, regime, draw))
-            if screen is not None:
-                out.append(screen)
-    return out
-
-
-def _wanted(summary: Mapping[str, Any] | None, teacher: str, plan: racing.Plan) -> int:
-    """Draws of `teacher` the race has used or asks for next."""
-    if summary is None:
-        return plan.looks[0]
-    used = summary["replicates"].get(teacher, 0)
-    return max(used, summary["next_replicates"]) if teacher in summary["running"] else used
 
 
 def beyond(exp: Experiment, grid: grids.Grid, races: Mapping[Any, racing.Race]) -> set[str]:

@@ -198,3 +198,25 @@ def race_groups(
 def uniform_adapters(n_teachers: int, race_plan: Plan) -> int:
     """Adapters of the uniform design the race replaces: every teacher at the race's maximum."""
     return n_teachers * race_plan.max_replicates
+
+
+def expected_adapters(
+    m: int, n: int, race_plan: Plan, rep_sd: float, spread: float = 0.15, runs: int = 24,
+    effect: float = 0.03, min_replicates: int = 3, seed: int = 0,
+) -> float:  # fmt: skip
+    """Mean adapters (replicate units) of the race of one group of m teachers on n test items, by
+    simulation (`teacher_level.simulate`, a fixed seed): true gains spread evenly from `spread`
+    down to 0 over a 30% baseline, replicate SD `rep_sd`, no item concordance (the least
+    power, so the most adapters). What `cotgap plan` states before anything runs."""
+    gains = np.linspace(spread, 0.0, m) if m > 1 else np.array([spread])
+    rng = np.random.default_rng(seed)
+    base, arms = tl.simulate(
+        rng, runs, n, 0.3, list(0.3 + gains), race_plan.max_replicates, rep_sd, 0.0
+    )
+    total = 0
+    for s in range(runs):
+        teachers = {f"t{k}": list(a[s]) for k, a in enumerate(arms)}
+        total += race_groups({0: (base[s], teachers)}, race_plan, effect, min_replicates)[
+            0
+        ].adapters()
+    return total / runs

@@ -157,3 +157,12 @@ def test_racing_saves_adapters_where_teachers_differ():
     r = bench.compare(np.random.default_rng(8), 40, (15, 0, -5), 2.0, racing.plan(3, 6))
     assert r["saved"] >= 0.3 and r["race_named"] >= r["max_named"] - 0.1
     assert r["race_false"] == 0.0
+
+
+def test_the_expected_adapters_lie_between_the_first_look_and_the_maximum():
+    p = racing.plan(3, 6)
+    spread = racing.expected_adapters(4, 200, p, 0.03, spread=0.15, runs=8)
+    assert 4 * 3 <= spread <= 4 * 6
+    # a teacher 15 points ahead of teachers at the baseline is found early
+    clear = racing.expected_adapters(2, 200, p, 0.02, spread=0.15, runs=8)
+    assert clear < 2 * 6
