@@ -1,6 +1,6 @@
 """Racing against the uniform design, by simulation with known truth (harness/stats/racing.py).
 
-    .venv/bin/python -m benchmarks.racing                 # about 10 minutes on 2 cores
+    .venv/bin/python -m benchmarks.racing                 # about 15 CPU minutes
     .venv/bin/python -m benchmarks.racing --runs 100      # quicker, noisier
     .venv/bin/python -m benchmarks.racing --min 3 --max 8 --spending pocock
 
@@ -109,34 +109,37 @@ def compare(
 
 
 def table(runs: int, race_plan: racing.Plan, seed: int, settings: Sequence[str]) -> pd.DataFrame:
+    """Every setting's rates; each row is printed (Markdown) as soon as it is done."""
     rows = []
+    print(HEADER, flush=True)
     for name in settings:
         gains, sd = SETTINGS[name]
-        r = compare(np.random.default_rng(seed), runs, gains, sd, race_plan)
-        rows.append({"setting": name, **r})
+        r = {"setting": name, **compare(np.random.default_rng(seed), runs, gains, sd, race_plan)}
+        print(markdown_row(r), flush=True)
+        rows.append(r)
     return pd.DataFrame(rows)
 
 
-def markdown(df: pd.DataFrame) -> str:
-    lines = [
-        "| setting | race: error / false / named / none | adapters race / max (saved) "
-        "| uniform at max: error / false / named / none | uniform at the race's cost (R): "
-        "named / none |",
-        "|---|---|---|---|---|",
-    ]
-    for r in df.itertuples():
-        lines.append(
-            f"| {r.setting} | {r.race_error:.3f} / {r.race_false:.3f} / {r.race_named:.2f} / "
-            f"{r.race_none:.2f} | {r.race_adapters:.1f} / {r.max_adapters} ({r.saved:.0%}) | "
-            f"{r.max_error:.3f} / {r.max_false:.3f} / {r.max_named:.2f} / {r.max_none:.2f} | "
-            f"{r.equal_named:.2f} / {r.equal_none:.2f} ({r.equal_replicates}) |"
-        )
-    return "\n".join(lines)
+HEADER = (
+    "| setting | race: error / false / named / none | adapters race / max (saved) "
+    "| uniform at max: error / false / named / none | uniform at the race's cost (R): "
+    "named / none |\n|---|---|---|---|---|"
+)
+
+
+def markdown_row(r: dict[str, Any]) -> str:
+    return (
+        f"| {r['setting']} | {r['race_error']:.3f} / {r['race_false']:.3f} / "
+        f"{r['race_named']:.2f} / {r['race_none']:.2f} | {r['race_adapters']:.1f} / "
+        f"{r['max_adapters']} ({r['saved']:.0%}) | {r['max_error']:.3f} / {r['max_false']:.3f} / "
+        f"{r['max_named']:.2f} / {r['max_none']:.2f} | {r['equal_named']:.2f} / "
+        f"{r['equal_none']:.2f} ({r['equal_replicates']}) |"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=400, help="simulated groups per setting")
+    ap.add_argument("--runs", type=int, default=200, help="simulated groups per setting")
     ap.add_argument("--min", type=int, default=3, help="replicates at the first look")
     ap.add_argument("--max", type=int, default=8, help="replicates at the last look")
     ap.add_argument("--alpha", type=float, default=0.05)
@@ -146,8 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     race_plan = racing.plan(args.min, args.max, args.alpha, args.spending)
     print(f"looks {race_plan.looks}, levels {[round(x, 4) for x in race_plan.levels]}")
-    df = table(args.runs, race_plan, args.seed, args.settings)
-    print(markdown(df))
+    table(args.runs, race_plan, args.seed, args.settings)
     return 0
 
 
