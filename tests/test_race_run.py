@@ -99,6 +99,13 @@ def test_a_clear_race_trains_the_first_look_only_and_says_what_it_saved(tmp_path
                                            "regime": "per_teacher", "decision": d}])  # fmt: skip
     assert answers.loc[0, "replicates"] == "t-small:3;t-large:3"
     assert answers.loc[0, "adapters_saved"] == 4
+    out = analyze.run(exp, store)
+    assert (out / "answers.csv").read_text().splitlines()[1].endswith(",t-small:3;t-large:3,4")
+    assert (
+        "**Race** (train.race): teachers got 3 trace draws each (answers.csv `replicates`: per "
+        "teacher); the race trained 6 adapters where every teacher at the maximum trains 10: 4 "
+        "saved (40%)."
+    ) in (out / "report.md").read_text()
 
 
 def test_a_killed_race_resumes_to_the_same_cells_and_answers(tmp_path, fake):

@@ -291,8 +291,9 @@ def _race(decided: list[dict[str, Any]]) -> str:
     used, uniform = sum(x["adapters"] for x in raced), sum(x["uniform_adapters"] for x in raced)
     running = sum(not x["done"] for x in raced)
     levels = ", ".join(f"{100 * v:.2g}%" for v in raced[0]["levels"])
+    got = f"{min(counts)}–{max(counts)}" if min(counts) < max(counts) else str(min(counts))
     return (
-        f"**Race** (train.race): teachers got {min(counts)}–{max(counts)} trace draws each "
+        f"**Race** (train.race): teachers got {got} trace draws each "
         "(answers.csv `replicates`: per teacher); the race trained "
         f"{used} adapters where every teacher at the maximum trains {uniform}: "
         f"{uniform - used} saved ({(uniform - used) / uniform:.0%}). Each look decides at its "
