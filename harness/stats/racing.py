@@ -167,8 +167,7 @@ def race_groups(
         open_ = [g for g, race in races.items() if not race.done]
         if not open_ or any(len(groups[g][1][t]) < r for g in open_ for t in races[g].running):
             break  # a look is taken for every open group at once, or for none (see above)
-        active = open_
-        for g in active:
+        for g in open_:
             for t in races[g].running:
                 races[g].replicates[t] = r
         arms: dict[str, list[np.ndarray]] = {}
@@ -177,7 +176,7 @@ def race_groups(
                 arms.setdefault(t, []).append(tl.replicate_units(teachers[t][:n_used]))
         prior = tl.teacher_priors(arms)
         level = race_plan.levels[k]
-        for g in active:
+        for g in open_:
             base, teachers = groups[g]
             race = races[g]
             draws = {t: teachers[t][: race.replicates[t]] for t in teachers}
