@@ -328,15 +328,18 @@ def run(
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
     start = time.time()
-    rounds = None
-    if exp.train.race is not None and only is None:  # a race: one round after another
+    rounds, wanted = None, None
+    if exp.train.race is not None:  # a race: one round after another; --only: its current one
         from harness.analysis import analyze as analysis
 
         def rounds() -> list:
             return analysis.race_round(exp, store)
 
+        if only is not None:
+            wanted, rounds = rounds(), None
+
     with store.lock(timeout=wait):
-        counts = plan.run(exp, store, options=options, log=_log, rounds=rounds)
+        counts = plan.run(exp, store, wanted, options=options, log=_log, rounds=rounds)
         if only is None:
             from harness.analysis import analyze
 

@@ -159,3 +159,21 @@ def test_plan_states_the_adapters_and_gpu_hours_of_a_race(tmp_path):
     assert 6 <= expected <= 10
     assert "the grid's 1 group(s): adapters at most 10" in total
     assert plan.race_lines(_exp(tmp_path, None), store, g, todo) == []
+
+
+def test_cotgap_run_races_and_its_only_option_keeps_to_the_current_round(tmp_path, fake):
+    import yaml
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    exp = _exp(tmp_path, {"min_replicates": 3, "max_replicates": 5})
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(exp.model_dump(mode="json", exclude_unset=True)))
+    stages = fake({"t-large": 0.62, "t-small": 0.58})
+    result = CliRunner().invoke(app, ["run", str(path), "--only", "generate,train"])
+    assert result.exit_code == 0, result.output
+    assert len(stages.trained) == 6  # the first look's draws only, not every draw
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 0, result.output
+    assert len(stages.trained) == 10 and "race: round" in result.output
