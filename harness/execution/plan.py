@@ -39,7 +39,7 @@ def run(
     they depend on, on the chosen executor; returns the computed cells by kind.
 
     `rounds` (train.race, with the whole grid wanted): the cells the race wants so far, read
-    from the store (harness/analysis/race.py); it is asked again after every round, until a
+    from the store (harness/analysis/race.py replays the race); it is asked again after every round, until a
     round computes nothing. Each round's cells are ordinary cells: a killed race resumes from
     what is cached, and a rerun asks for the same ones."""
     if rounds is None or wanted is not None or exp.train.race is None:
@@ -600,8 +600,8 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     from harness.stats import racing
     from harness.workflow import race
 
-    plan = race.race_plan(exp)
-    if plan is None:
+    design = race.race_plan(exp)
+    if design is None:
         return []
     a, m = exp.analysis, len(exp.teachers)
     first = schedule.closure(
@@ -612,11 +612,11 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     sizes = split_sizes(exp)
     n = min((_n_items(c.config.get("task", {}), sizes) for c in grid.baselines.values()), default=0)
     per_group = m * race.adapters_per_draw(exp)
-    low, high = per_group * plan.looks[0], per_group * plan.max_replicates
+    low, high = per_group * design.looks[0], per_group * design.max_replicates
     mean = high
     if n:
         mean = race.adapters_per_draw(exp) * racing.expected_adapters(
-            m, n, plan, a.replicate_sd / 100, effect=a.effect_of_interest / 100,
+            m, n, design, a.replicate_sd / 100, effect=a.effect_of_interest / 100,
             min_replicates=a.min_replicates,
         )  # fmt: skip
     share = (mean - low) / (high - low) if high > low else 1.0
@@ -624,8 +624,8 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     hours_high, hours_low = _gpu_hours(exp, todo), _gpu_hours(exp, least)
     hours_mean = hours_low + share * (hours_high - hours_low)
     return [
-        f"race (train.race: {plan.looks[0]} to {plan.max_replicates} trace draws, alpha spent over "
-        f"{len(plan.looks)} looks), per (task, student, regime) group of {m} teachers: "
+        f"race (train.race: {design.looks[0]} to {design.max_replicates} trace draws, alpha spent over "
+        f"{len(design.looks)} looks), per (task, student, regime) group of {m} teachers: "
         f"adapters at most {high}, at least {low}, expected about {mean:.0f} (simulated: "
         f"{n} test items, replicate SD {a.replicate_sd:g} pts, true gains spread evenly over "
         "0-15 points; equal teachers race to the maximum)",
