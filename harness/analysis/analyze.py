@@ -321,7 +321,10 @@ def leaderboard(
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     groups = dict(_group_arms(reader, board))
-    raced = race.run(exp, groups, race.group_keys(grid)) if exp.train.race else {}
+    raced = {}
+    if exp.train.race:  # a task gated by pre-selection has no groups to wait for
+        expected = {k for k in race.group_keys(grid) if k[0] not in _gated(exp, grid, store)}
+        raced = race.run(exp, groups, expected)
     decisions = compare_groups(
         exp.analysis,
         groups,
@@ -339,6 +342,11 @@ def leaderboard(
     return board, dict(missing), dict(rescored), decisions
 
 
+def _gated(exp: Experiment, grid: grids.Grid, store: Store) -> set[str]:
+    """The tasks task pre-selection gated (they run nothing but their select evals)."""
+    return {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
+
+
 def race_round(exp: Experiment, store: Store) -> list[Cell]:
     """Under train.race: the cells of the race so far and of its next round, from the cached
     cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new."""
@@ -353,7 +361,7 @@ def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: p
     pre-selection gated."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
     out |= schedule.left_empty(store, grid.unique())
-    gated = {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
+    gated = _gated(exp, grid, store)
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
     }

@@ -39,19 +39,22 @@ def run(
     they depend on, on the chosen executor; returns the computed cells by kind.
 
     `rounds` (train.race, with the whole grid wanted): the cells the race wants so far, read
-    from the store (harness/analysis/race.py replays the race); it is asked again after every round, until a
-    round computes nothing. Each round's cells are ordinary cells: a killed race resumes from
-    what is cached, and a rerun asks for the same ones."""
+    from the store (harness/analysis/race.py replays the race); it is asked again after every
+    round, until it asks for nothing new. Each round's cells are ordinary cells: a killed race
+    resumes from what is cached, and a rerun asks for the same ones."""
     if rounds is None or wanted is not None or exp.train.race is None:
         return _run_once(exp, store, wanted, options, log)
     total: dict[str, int] = {}
+    seen: set[str] = set()
     for n in range(1, exp.train.race.max_replicates - exp.train.race.min_replicates + 3):
-        counts = _run_once(exp, store, rounds(), options, log)
+        cells = rounds()
+        if {c.key for c in cells} == seen:
+            break  # the race asks for nothing new: every group is decided or at its maximum
+        seen = {c.key for c in cells}
+        counts = _run_once(exp, store, cells, options, log)
         for kind, k in counts.items():
             total[kind] = total.get(kind, 0) + k
-        if not any(counts.values()):
-            break
-        log(f"race: round {n} done ({sum(counts.values())} cell(s))")
+        log(f"race: round {n} done ({sum(counts.values())} cell(s) computed)")
     return total
 
 
