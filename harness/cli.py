@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -328,8 +329,21 @@ def run(
     options = RunOptions(parse_only(only), executor or exp.executor, address)
     store = Store(exp.root)
     start = time.time()
+    rounds: Callable[[], list] | None = None
+    wanted: list | None = None
+    if exp.train.race is not None:  # a race: one round after another; --only: its current one
+        from harness.analysis import analyze as analysis
+
+        def race_round() -> list:
+            return analysis.race_round(exp, store)
+
+        if only is None:
+            rounds = race_round
+        else:
+            wanted = race_round()
+
     with store.lock(timeout=wait):
-        counts = plan.run(exp, store, options=options, log=_log)
+        counts = plan.run(exp, store, wanted, options=options, log=_log, rounds=rounds)
         if only is None:
             from harness.analysis import analyze
 

@@ -20,14 +20,14 @@ import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from harness.analysis import screening, spend
+from harness.analysis import race, screening, spend
 from harness.config.hashing import canonical
 from harness.config.schema import AnalysisConfig, Experiment
 from harness.errors import UserError
@@ -37,8 +37,9 @@ from harness.stats import adapters, grid_level, teacher_level
 from harness.store import Store, atomic_write_json, atomic_write_text, read_json, read_jsonl
 from harness.tasks import answers, scoring
 from harness.workflow import grid as grids
+from harness.workflow import race as race_cells
 from harness.workflow import regimes, selection
-from harness.workflow.cells import Eval, Traces
+from harness.workflow.cells import Cell, Eval, Traces
 
 COLUMNS: dict[str, str] = {
     "row_type": "teacher | baseline | distilled: what the row scores",
@@ -319,7 +320,16 @@ def leaderboard(
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
-    decisions = compare_groups(exp.analysis, dict(_group_arms(reader, board)))
+    groups = dict(_group_arms(reader, board))
+    raced = {}
+    if exp.train.race:  # a task gated by pre-selection has no groups to wait for
+        expected = {k for k in race.group_keys(grid) if k[0] not in _gated(exp, grid, store)}
+        raced = race.run(exp, groups, expected)
+    decisions = compare_groups(
+        exp.analysis,
+        groups,
+        {k: (r.decision, race.summary(exp, r, list(groups[k][1]))) for k, r in raced.items()},
+    )
     for key, rows_of in board[board["row_type"] == "distilled"].groupby(_GROUP, sort=False):
         if key in decisions:  # teachers whose every replicate had nothing to train on
             empty = rows_of.groupby("teacher", sort=False)["n_train_examples"].max() == 0
@@ -327,9 +337,22 @@ def leaderboard(
     _decision_columns(board, decisions)
     spend.add_columns(exp, store, grid, board)
     rescored = Counter(kind for kind, _ in reader.rescored)
-    skipped = _skipped_by_design(exp, grid, store, board)
+    skipped = _skipped_by_design(exp, grid, store, board) | race.beyond(exp, grid, raced)
     missing = Counter(kind for kind, key in reader.absent if key not in skipped)
     return board, dict(missing), dict(rescored), decisions
+
+
+def _gated(exp: Experiment, grid: grids.Grid, store: Store) -> set[str]:
+    """The tasks task pre-selection gated (they run nothing but their select evals)."""
+    return {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
+
+
+def race_round(exp: Experiment, store: Store) -> list[Cell]:
+    """Under train.race: the cells of the race so far and of its next round, from the cached
+    cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new."""
+    decisions = leaderboard(exp, store)[3]
+    summaries = {k: d["race"] for k, d in decisions.items() if "race" in d}
+    return race_cells.round_cells(exp, grids.expand(exp), summaries)
 
 
 def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:
@@ -338,7 +361,7 @@ def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: p
     pre-selection gated."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
     out |= schedule.left_empty(store, grid.unique())
-    gated = {t for t, d in selection.decide(exp, grid, store).items() if d.runs is False}
+    gated = _gated(exp, grid, store)
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
     }
@@ -426,21 +449,29 @@ def compare_teachers(
 
 
 def compare_groups(
-    a: AnalysisConfig, groups: dict[Any, tuple[np.ndarray, dict[str, list[Replicate]]]]
+    a: AnalysisConfig,
+    groups: dict[Any, tuple[np.ndarray, dict[str, list[Replicate]]]],
+    raced: Mapping[Any, tuple[teacher_level.GroupDecision | None, dict[str, Any]]] | None = None,
 ) -> dict[Any, dict[str, Any]]:
     """Every group's decision (`teacher_level.decide_groups` under analysis.multiplicity): every
     teacher against the baseline and every other teacher, with intervals over test items and
     replicates, the best-teacher confidence set, and the answer. A teacher with fewer than
     analysis.min_replicates replicate units is exploratory: its comparisons stay inconclusive.
-    Each decision carries the multiplicity rule's record (`multiplicity`)."""
+    Each decision carries the multiplicity rule's record (`multiplicity`). `raced`: under
+    train.race, each group's decision at its race's last look and the race's summary
+    (harness/analysis/race.py), which replace the fixed design's decision once the race has
+    taken a look."""
     draws = {k: (base, {t: draws_of(r) for t, r in ts.items()}) for k, (base, ts) in groups.items()}
     decided, record = teacher_level.decide_groups(
         draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
     )
     out = {}
     for key, dec in decided.items():
-        d = dec.as_dict()
+        at_look, summary = (raced or {}).get(key, (None, None))
+        d = (at_look or dec).as_dict()
         d["multiplicity"] = record
+        if summary is not None:
+            d["race"] = summary
         d["mde"] = _group_mde(a, d, *draws[key])
         out[key] = d
     return out
@@ -889,7 +920,9 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
              "best_set": "" if none else ";".join(d["best_set"]),
              "n_replicates": min(t["n_replicates"] for t in d["teachers"]),
              "exploratory": "yes" if d["exploratory"] else "no", "n_items": d["n_items"],
-             "level": points(h["level"], 2), "effect_of_interest": points(d["effect"])}
+             "level": points(h["level"], 2), "effect_of_interest": points(d["effect"]),
+             "replicates": ";".join(f"{t['teacher']}:{t['n_replicates']}" for t in d["teachers"]),
+             "adapters_saved": d["race"]["adapters_saved"] if "race" in d else None}
         )  # fmt: skip
     return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS))
 
@@ -956,6 +989,10 @@ ANSWER_COLUMNS: dict[str, str] = {
     "level": "confidence level of the quoted interval, percent",
     "effect_of_interest": "the effect of interest, points: the equivalence margin and the bar "
     "`none` rules out",
+    "replicates": "replicate units of each teacher, name:count separated by ';' (under "
+    "train.race, the trace draws the race gave it)",
+    "adapters_saved": "under train.race: adapters the race did not train against the uniform "
+    "design (every teacher at max_replicates); empty without a race",
 }
 
 

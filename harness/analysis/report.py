@@ -244,6 +244,7 @@ def _answers(r: dict[str, Any]) -> str:
             "\n".join(f"- {v}." for v in verdicts),
             _two_replicates(decided),
             _replicate_cost(r, decided),
+            _race(decided),
         ]
     ).rstrip()
 
@@ -278,6 +279,31 @@ def _two_replicates(decided: list[dict[str, Any]]) -> str:
         "their intervals are wide and few verdicts are reached, and whether a teacher's "
         "replicates agree by chance cannot be told; three or more replicates "
         "(analysis.min_replicates) narrow them."
+    )
+
+
+def _race(decided: list[dict[str, Any]]) -> str:
+    """Under train.race: the draws each teacher got, and what the race saved."""
+    raced = [g["decision"]["race"] for g in decided if "race" in g["decision"]]
+    if not raced:
+        return ""
+    counts = [n for x in raced for n in x["replicates"].values()]
+    used, uniform = sum(x["adapters"] for x in raced), sum(x["uniform_adapters"] for x in raced)
+    running = sum(not x["done"] for x in raced)
+    levels = ", ".join(f"{100 * v:.2g}%" for v in raced[0]["levels"])
+    got = f"{min(counts)}–{max(counts)}" if min(counts) < max(counts) else str(min(counts))
+    return (
+        f"**Race** (train.race): teachers got {got} trace draws each "
+        "(answers.csv `replicates`: per teacher); the race trained "
+        f"{used} adapters where every teacher at the maximum trains {uniform}: "
+        f"{uniform - used} saved ({(uniform - used) / uniform:.0%}). Each look decides at its "
+        f"own level ({levels} from the first look to the last: alpha spent over the looks, "
+        "docs/statistics.md \"Racing\"), and a group's answer is its last look's."
+        + (
+            f" {running} group(s) are still racing: `cotgap run` trains their next round."
+            if running
+            else ""
+        )
     )
 
 

@@ -339,6 +339,29 @@ class OnPolicyConfig(Strict):
     max_new_tokens: int = Field(256, gt=0, description="longest sampled completion")
 
 
+class Race(Strict):
+    """Race the teachers (harness/stats/racing.py): every teacher starts with `min_replicates`
+    trace draws; after each round a teacher out of the best set and no longer needed against the
+    baseline stops, the others get one more draw, until the group is decided or has
+    `max_replicates` (generate.seeds lists that many draws). Off: every teacher gets every draw."""
+
+    min_replicates: int = Field(
+        ..., ge=2, description="trace draws every teacher gets before the first look"
+    )
+    max_replicates: int = Field(
+        ..., ge=2, description="trace draws a contender gets at most: the number of generate.seeds"
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Race:
+        if self.min_replicates > self.max_replicates:
+            raise ValueError(
+                f"min_replicates {self.min_replicates} is above max_replicates "
+                f"{self.max_replicates}; give a minimum at or below the maximum"
+            )
+        return self
+
+
 class TrainConfig(Strict):
     method: Literal["lora", "full"] = "lora"
     methods: tuple[Method, ...] = Field(
@@ -367,6 +390,11 @@ class TrainConfig(Strict):
         "crossed",
         description="crossed: every trace draw (generate.seeds) x every training seed; paired: "
         "the k-th trace seed with the k-th training seed",
+    )
+    race: Race | None = Field(
+        None,
+        description="race the teachers over rounds of trace draws: {min_replicates, "
+        "max_replicates} (off: every teacher gets every replicate)",
     )
     regimes: Annotated[tuple[Regime, ...], Distinct] = ("per_teacher",)
     matched_by: Literal["examples", "tokens"] = "examples"

@@ -33,9 +33,38 @@ def run(
     wanted: Iterable[Cell] | None = None,
     options: schedule.RunOptions = schedule.RunOptions(),
     log: Callable[[str], None] = print,
+    rounds: Callable[[], list[Cell]] | None = None,
 ) -> dict[str, int]:
     """Compute every missing cell among `wanted` (default: the whole grid) and the missing cells
-    they depend on, on the chosen executor; returns the computed cells by kind."""
+    they depend on, on the chosen executor; returns the computed cells by kind.
+
+    `rounds` (train.race, with the whole grid wanted): the cells the race wants so far, read
+    from the store (harness/analysis/race.py replays the race); it is asked again after every
+    round, until it asks for nothing new. Each round's cells are ordinary cells: a killed race
+    resumes from what is cached, and a rerun asks for the same ones."""
+    if rounds is None or wanted is not None or exp.train.race is None:
+        return _run_once(exp, store, wanted, options, log)
+    total: dict[str, int] = {}
+    seen: set[str] = set()
+    for n in range(1, exp.train.race.max_replicates - exp.train.race.min_replicates + 3):
+        cells = rounds()
+        if {c.key for c in cells} == seen:
+            break  # the race asks for nothing new: every group is decided or at its maximum
+        seen = {c.key for c in cells}
+        counts = _run_once(exp, store, cells, options, log)
+        for kind, k in counts.items():
+            total[kind] = total.get(kind, 0) + k
+        log(f"race: round {n} done ({sum(counts.values())} cell(s) computed)")
+    return total
+
+
+def _run_once(
+    exp: Experiment,
+    store: Store,
+    wanted: Iterable[Cell] | None,
+    options: schedule.RunOptions,
+    log: Callable[[str], None] = print,
+) -> dict[str, int]:
     g = grids.expand(exp)
     wanted = g if wanted is None else wanted
     events = schedule.Events(store, log)
@@ -242,6 +271,8 @@ def show(exp: Experiment, store: Store, every_cell: bool = False) -> list[Cell]:
         console.print(f"  {k}: {v:,.0f}")
     console.print(replicates_line(exp))
     for line in cost_lines(exp, todo):
+        console.print(line)
+    for line in race_lines(exp, store, grid, todo):
         console.print(line)
     for line in selection_lines(exp, store, grid, todo):
         console.print(line)
@@ -562,6 +593,57 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
                 lines.append(f"  {stage}: {_minutes(secs[stage])}")
         lines.append(f"  total: {_minutes(sum(secs.values()))}")
     return lines
+
+
+def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
+    """Under train.race: the adapters and GPU-hours at most (every teacher at max_replicates,
+    the cost above), at least (every group decided at its first look) and expected (the race
+    simulated on one group of this grid: `racing.expected_adapters`, at the fewest test items of
+    any task and analysis.replicate_sd, teachers' true gains spread evenly over 0-15 points)."""
+    from harness.stats import racing
+    from harness.workflow import race
+
+    design = race.race_plan(exp)
+    if design is None:
+        return []
+    a, m = exp.analysis, len(exp.teachers)
+    first = schedule.closure(
+        list(grid.unique()), race.round_cells(exp, grid, {}), store, grid.gates
+    )
+    done = {c.key for c in todo}
+    least = [c for c in first if c.key in done]
+    sizes = split_sizes(exp)
+    n = min((_n_items(c.config.get("task", {}), sizes) for c in grid.baselines.values()), default=0)
+    per_group = m * race.adapters_per_draw(exp)
+    low, high = per_group * design.looks[0], per_group * design.max_replicates
+    mean = high
+    if n:
+        mean = race.adapters_per_draw(exp) * racing.expected_adapters(
+            m, n, design, a.replicate_sd / 100, effect=a.effect_of_interest / 100,
+            min_replicates=a.min_replicates,
+        )  # fmt: skip
+    share = (mean - low) / (high - low) if high > low else 1.0
+    groups = len({(t, d.eval.model, d.eval.regime) for (t, *_), d in grid.distilled.items()})
+    hours_high, hours_low = _gpu_hours(exp, todo), _gpu_hours(exp, least)
+    hours_mean = hours_low + share * (hours_high - hours_low)
+    return [
+        f"race (train.race: {design.looks[0]} to {design.max_replicates} trace draws, alpha spent over "
+        f"{len(design.looks)} looks), per (task, student, regime) group of {m} teachers: "
+        f"adapters at most {high}, at least {low}, expected about {mean:.0f} (simulated: "
+        f"{n} test items, replicate SD {a.replicate_sd:g} pts, true gains spread evenly over "
+        "0-15 points; equal teachers race to the maximum)",
+        f"  the grid's {groups} group(s): adapters at most {groups * high}, expected about "
+        f"{groups * mean:.0f}; GPU-hours to run at most {_amount(hours_high, '.1f')}, at least "
+        f"{_amount(hours_low, '.1f')}, expected about {_amount(hours_mean, '.1f')}",
+    ]
+
+
+def _gpu_hours(exp: Experiment, cells: list[Cell]) -> float:
+    """GPU-hours of `cells` (harness/workflow/estimate.py), every stage together."""
+    from harness.workflow import estimate
+
+    work = work_by_model(exp, cells)
+    return sum(estimate.gpu_hours(exp, {k: float(v["tokens"]) for k, v in work.items()}).values())
 
 
 def _amount(x: float, spec: str) -> str:

@@ -391,6 +391,7 @@ def _train_identity(exp: Experiment, own_batch: bool) -> dict[str, Any]:
     # how trace draws and training seeds combine is the grid's choice: the adapter's draw is in
     # its dataset's key, its seed in its own
     settings.pop("replicates")
+    settings.pop("race")  # which replicates are trained is the grid's choice too
     # When to checkpoint is a runtime choice (a resumed run reaches the same weights): out of
     # the key. (checkpoint_every predates this rule and stays in the key.)
     settings.pop("checkpoint_seconds")

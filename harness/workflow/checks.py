@@ -13,6 +13,8 @@ Each check returns `key path: problem; what to do` lines, all at once. The rules
 - `train.filter_drop`: what can remain, floor(N x (1 - filter_drop)), fills one optimizer batch
   (per_device_batch_size x grad_accum x num_processes).
 - A `few_shot_cot` prompt (select, generate, evaluate) needs the task's few-shot file.
+- `train.race` races over trace draws: `generate.seeds` lists `max_replicates` of them, and the
+  first look has at least `analysis.min_replicates` (else it could stop nothing).
 - `tracking:` sections need their package installed (the `tracking` extra).
 """
 
@@ -36,6 +38,7 @@ def problems(exp: Experiment) -> list[str]:
         *_filter(exp),
         *_few_shot(exp),
         *_tracking(exp),
+        *_race(exp),
     ]
 
 
@@ -158,4 +161,25 @@ def _tracking(exp: Experiment) -> list[str]:
                 f"tracking.{key}: the {module} package is not installed; "
                 "`pip install 'cotgap[tracking]'` or remove the section"
             )
+    return out
+
+
+def _race(exp: Experiment) -> list[str]:
+    race = exp.train.race
+    if race is None:
+        return []
+    out, draws = [], len(exp.generate.trace_seeds)
+    if draws != race.max_replicates:
+        out.append(
+            f"train.race.max_replicates: {race.max_replicates}, but generate.seeds lists {draws} "
+            "trace draw(s); a race adds one trace draw per round, so list exactly max_replicates "
+            "seeds in generate.seeds (and as many train.seeds with train.replicates: paired)"
+        )
+    if race.min_replicates < exp.analysis.min_replicates:
+        out.append(
+            f"train.race.min_replicates: {race.min_replicates} is below "
+            f"analysis.min_replicates {exp.analysis.min_replicates}, so the first look would be "
+            "exploratory and stop no teacher; raise min_replicates to at least "
+            f"{exp.analysis.min_replicates}"
+        )
     return out

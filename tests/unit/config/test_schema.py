@@ -310,3 +310,47 @@ def test_absurd_sizes_are_refused(tmp_path, section, key, value):
     data = {**MINIMAL, section: {key: value}}
     with pytest.raises(UserError, match=rf"{section}\.{key}: Input should be less than"):
         load_experiment(write(tmp_path, data))
+
+
+# --- racing --------------------------------------------------------------------------------------
+
+RACE = {"seeds": [0, 1, 2, 3, 4], "replicates": "paired"}
+
+
+def test_a_race_is_off_by_default_and_keeps_every_key(tmp_path):
+    from harness.workflow import grid
+
+    plain = _replicates(tmp_path, {"seeds": [0, 1, 2, 3, 4]}, RACE)
+    raced = _replicates(
+        tmp_path,
+        {"seeds": [0, 1, 2, 3, 4]},
+        {**RACE, "race": {"min_replicates": 3, "max_replicates": 5}},
+    )
+    assert plain.train.race is None and raced.train.race is not None
+    assert [c.key for c in grid.expand(plain).cells] == [c.key for c in grid.expand(raced).cells]
+
+
+def test_a_race_needs_its_minimum_at_or_below_its_maximum(tmp_path):
+    with pytest.raises(UserError) as e:
+        _replicates(tmp_path, {}, {"race": {"min_replicates": 4, "max_replicates": 3}})
+    assert "train.race: min_replicates 4 is above max_replicates 3; give a minimum" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("race", "analysis", "needle"),
+    [
+        ({"min_replicates": 3, "max_replicates": 4}, {},
+         "train.race.max_replicates: 4, but generate.seeds lists 5 trace draw(s)"),
+        ({"min_replicates": 2, "max_replicates": 5}, {},
+         "train.race.min_replicates: 2 is below analysis.min_replicates 3"),
+        ({"min_replicates": 2, "max_replicates": 5}, {"min_replicates": 2}, None),
+    ],
+)  # fmt: skip
+def test_validate_refuses_a_race_the_grid_cannot_run(tmp_path, race, analysis, needle):
+    from harness.workflow import checks
+
+    data = {**MINIMAL, "generate": {"seeds": [0, 1, 2, 3, 4]},
+            "train": {**MINIMAL["train"], **RACE, "race": race}, "analysis": analysis}  # fmt: skip
+    problems = checks.problems(load_experiment(write(tmp_path, data), check_tasks=False))
+    assert problems == ([] if needle is None else [p for p in problems if needle in p])
+    assert len(problems) == (0 if needle is None else 1)
