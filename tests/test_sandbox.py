@@ -259,7 +259,7 @@ def test_a_rebuild_on_the_fp32_path_records_it_and_is_cached(rebuilt_zoo):
         assert info["model_id"] == f"sandbox:{name}@{zoo.recipe_hash(name)}"
         assert info["steps"] == zoo.ZOO[name].steps
         assert info["precision"] == "fp32" and info["precision_choice"]["requested"] == "fp32"
-        assert set(info["accuracy"]) == set(tasks.GENERATORS)
+        assert set(info["accuracy"]) == {g for g, _ in zoo.ZOO[name].mixture}
         shipped = json.loads((zoo.SHIPPED / name / "zoo.json").read_text())
         if shipped["precision"] != "fp32":  # the forced path really trained differently
             ship_weights = (zoo.SHIPPED / name / "model.safetensors").read_bytes()
@@ -280,12 +280,14 @@ def test_shipped_teachers_differ_and_students_are_weaker(profile):
     acc = {n: json.loads((p / "zoo.json").read_text())["accuracy"] for n, p in dirs.items()}
     teachers = [n for n in dirs if zoo.ZOO[n].role == "teacher"]
     students = [n for n in dirs if zoo.ZOO[n].role == "student"]
-    task = "addition" if profile == "demo" else "coin_flip"
+    task = "sums" if profile == "demo" else "coin_flip"
     spread = max(acc[t][task] for t in teachers) - min(acc[t][task] for t in teachers)
     assert spread >= (0.30 if profile == "demo" else 0.15), acc
     for s in students:
-        if profile == "demo":  # the demo's capacity-gap story needs this on addition
-            assert 0 < acc[s][task] < min(acc[t][task] for t in teachers), acc
+        if profile == "demo":  # off the floor, with room for a teacher's traces to lift them
+            assert 0.1 < acc[s][task] < max(acc[t][task] for t in teachers) - 0.3, acc
+            # the demo's teachers each write one style, and no two the same
+            assert len({zoo.ZOO[t].styles for t in teachers}) == len(teachers)
         assert sum(acc[s].values()) < max(sum(acc[t].values()) for t in teachers), acc
 
 
