@@ -65,7 +65,7 @@ def compare(truth: dict, demo: dict, again: dict) -> tuple[list[dict[str, Any]],
         t, s = truth.get(group, {}), again.get(group, {})
         decided = d["answer"] != UNDECIDED
         counts["decided"] += decided
-        if decided:
+        if decided and t:
             agree = t.get("answer") == d["answer"]
             counts["agree" if agree else "disagree"] += 1
         counts["same"] += s.get("answer") == d["answer"]
@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     import yaml
 
-    truth, demo = answers(args.truth), answers(args.demo)
+    demo = answers(args.demo)
+    # without a truth run (it takes about an hour) only the rerun is compared
+    truth = answers(args.truth) if (args.truth / "analysis").is_dir() else {}
     with tempfile.TemporaryDirectory(prefix="cotgap-bench-demo-truth-") as tmp:
         work = args.keep.resolve() if args.keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
