@@ -17,11 +17,11 @@ from harness.models import sources as models
 GOLDEN = [
     (
         {"path": "sandbox:teacher-s", "engine": {"dtype": "float32"}},
-        '{"sandbox": "sandbox:teacher-s@22543413e3d2/sha256:745de86465ae1b36", "chat_template": true, "trust_remote_code": false, "dtype": "float32", "quantization": null, "max_model_len": null}',
+        '{"sandbox": "sandbox:teacher-s@fc1955173d35/sha256:463ef690280d83a9", "chat_template": true, "trust_remote_code": false, "dtype": "float32", "quantization": null, "max_model_len": null}',
     ),
     (
         {"path": "sandbox:student-xs"},
-        '{"sandbox": "sandbox:student-xs@ea811ea62444/sha256:23f01e7a770623e2", "chat_template": true, "trust_remote_code": false, "dtype": "auto", "quantization": null, "max_model_len": null}',
+        '{"sandbox": "sandbox:student-xs@85375aaae5bb/sha256:48e4ba88546ee211", "chat_template": true, "trust_remote_code": false, "dtype": "auto", "quantization": null, "max_model_len": null}',
     ),
     (
         {

@@ -29,8 +29,8 @@ SPLITS = ("train", "test")
 FIELDS = ("id", "question", "answer", "rationale")  # every item's, all text
 TEST_FRACTION = 0.2
 
-# question, rationale steps (or a function that writes them), answer
-Example = tuple[str, str | Callable[[], str], str]
+# question, rationale steps (or a function that writes them, given a style other than "fine"), answer
+Example = tuple[str, str | Callable[..., str], str]
 
 WORDS = (
     "apple", "river", "cat", "stone", "light", "bread", "cloud", "green", "house", "moon",
@@ -53,15 +53,41 @@ def _addition(rng: random.Random) -> Example:
     return f"What is {a}+{b}?", functools.partial(_column_steps, a, b), str(a + b)
 
 
-def _column_steps(a: int, b: int) -> str:
-    da, db = str(a)[::-1], str(b)[::-1]
-    steps, carry = [], 0
-    for i in range(max(len(da), len(db))):
-        x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        steps.append(f"{x}+{y}{'+1' if carry else ''}={s}")
-        carry = s // 10
-    return ", ".join(steps) + "."
+def _sums(rng: random.Random) -> Example:
+    a, b = (_number(rng, rng.randint(1, 2)) for _ in range(2))
+    return f"What is {a}+{b}?", functools.partial(_column_steps, a, b), str(a + b)
+
+
+def _columns(a: int, b: int, width: int) -> list[tuple[int, int, int, int]]:
+    """(x, y, carry in, sum) per column of `width` digits, the lowest first."""
+    cols: list[tuple[int, int, int, int]] = []
+    carry, base = 0, 10**width
+    while a or b or not cols:
+        x, y = a % base, b % base
+        cols.append((x, y, carry, x + y + carry))
+        carry, a, b = (x + y + carry) // base, a // base, b // base
+    return cols
+
+
+def _column_steps(a: int, b: int, style: str = "fine") -> str:
+    """The written-out sum in one of the STYLES: `fine` one digit per step with its carry, the
+    answer left to be read off the steps' last digits in reverse; `chunk` two digits per step
+    (half the steps, but a table of 20,000 two-digit sums to know); `long` fine's steps, each
+    followed by the digits of the answer so far (twice the text, but every step only puts one
+    digit in front of the last step's, and the answer is the last of them)."""
+    if style == "chunk":
+        steps = [f"{x}+{y}{'+1' if c else ''}={s}" for x, y, c, s in _columns(a, b, 2)]
+        return "By pairs: " + ", ".join(steps) + "."
+    cols = _columns(a, b, 1)
+    if style == "long":
+        steps, done = [], ""
+        for i, (x, y, c, s) in enumerate(cols):
+            done = str(s if i == len(cols) - 1 else s % 10) + done
+            steps.append(f"{x}+{y}{'+1' if c else ''}={s}, so far {done}")
+        return "Columns: " + "; ".join(steps) + "."
+    # a sum over the last column is its carry: `fine` leaves it to the answer (fine is the form
+    # every zoo model before styles was trained on, so it stays as it was)
+    return ", ".join(f"{x}+{y}{'+1' if c else ''}={s}" for x, y, c, s in cols) + "."
 
 
 def _number(rng: random.Random, digits: int) -> int:
@@ -148,10 +174,15 @@ def _coin_flip(rng: random.Random) -> Example:
 class Generator:
     make: Callable[[random.Random], Example]
     description: str
+    # for a generator with few questions: how many one seed's draw gives at most; a longer stream
+    # (a zoo model's pretraining) draws again with further seeds, so it sees questions repeat
+    draw: int | None = None
 
 
 GENERATORS: dict[str, Generator] = {
     "addition": Generator(_addition, "1-4 digit addition, column by column with carries"),
+    # 10,000 questions, 2,000 of them in the test split
+    "sums": Generator(_sums, "1-2 digit addition, column by column with carries", draw=4000),
     "expressions": Generator(_expressions, "2-3 step integer expressions with + - * and brackets"),
     "last_letters": Generator(_last_letters, "last letters of 2-4 words, concatenated"),
     "coin_flip": Generator(_coin_flip, "is a coin still heads up after 2-4 people flip or not"),
@@ -164,10 +195,31 @@ def split_of(generator: str, question: str) -> str:
     return "test" if int.from_bytes(digest[:8], "big") / 2**64 < TEST_FRACTION else "train"
 
 
-def generate_items(generator: str, split: str, n: int, seed: int) -> list[dict]:
-    """`n` unique items of `generator`'s `split`, the same for the same arguments on every machine."""
+# The ways a generator can write its rationale (the first is the default, what the tasks' YAMLs and
+# the test suite use): the zoo's teachers each learn one, so their traces differ in form, not only
+# in accuracy. A style changes the rationale, never the question, answer or split.
+STYLES: dict[str, tuple[str, ...]] = {
+    "addition": ("fine", "chunk", "long"),
+    "sums": ("fine", "chunk", "long"),
+}
+
+
+def styles_of(generator: str) -> tuple[str, ...]:
+    return STYLES.get(generator, ("fine",))
+
+
+def generate_items(
+    generator: str, split: str, n: int, seed: int, style: str = "fine"
+) -> list[dict]:
+    """`n` unique items of `generator`'s `split`, the same for the same arguments on every machine;
+    the rationale written in `style` (one of `styles_of(generator)`)."""
     if generator not in GENERATORS:
         raise UserError(f"unknown sandbox generator {generator!r}; valid: {', '.join(GENERATORS)}.")
+    if style not in styles_of(generator):
+        raise UserError(
+            f"unknown style {style!r} for sandbox generator {generator!r}; valid: "
+            f"{', '.join(styles_of(generator))}."
+        )
     if split not in SPLITS:
         raise UserError(
             f"unknown split {split!r} for sandbox generator {generator!r}; valid: {', '.join(SPLITS)}."
@@ -186,7 +238,8 @@ def generate_items(generator: str, split: str, n: int, seed: int) -> list[dict]:
             continue
         seen.add(question)
         item_id = f"{generator}-{split}-{seed}-{len(items)}"
-        rationale = f"{steps() if callable(steps) else steps} The answer is {answer}."
+        written = steps if isinstance(steps, str) else steps(style) if style != "fine" else steps()
+        rationale = f"{written} The answer is {answer}."
         items.append(dict(zip(FIELDS, (item_id, question, answer, rationale), strict=True)))
     if len(items) < n:
         raise UserError(

@@ -80,23 +80,28 @@ class Recipe:
     mixture: tuple[tuple[str, float], ...] = MIXTURE
     seed: int = 0
     eval_items: int = 100
+    # the rationale styles it learns (tasks.STYLES), each generator's share split evenly among the
+    # ones it has; a generator with none of them is written in its default style
+    styles: tuple[str, ...] = ("fine",)
 
 
-# Accuracy on addition rises steeply with the examples seen (teacher-l's shape: ~0% after 1,200
-# steps of 16, ~35% after 2,000, ~90% after 4,000 under bf16) and bigger models are not more
-# sample-efficient, so teachers differ by examples first and by size second; students are smaller
-# and see fewer. The precision path moves the curve (measured at 4,000 steps: teacher-l 91% bf16,
-# 75% fp32; teacher-s's shape at 1,400: 0% bf16, 9% fp32), so the steps sit where the teachers stay
-# >= 30 points apart on either path: teacher-l long enough to be near its ceiling on the slower
-# fp32 path, teacher-s and the students early on the rise, teacher-s 800 steps ahead of them (at
-# 400 ahead, one seed on the fp32 path had student-s 8% over teacher-s 4%). A batch of 16 learns
-# more per CPU-second than 32 (measured).
+# The demo's world: two tasks, sums (1-2 digit addition) and coin flip; each teacher learns one way
+# of writing a sum (tasks.STYLES): teacher-s `fine` columns, teacher-m `chunk` (two digits at a
+# time: too many sums for these sizes to learn, so it is often wrong), teacher-l `long` (fine's
+# columns with the answer so far). The students learn all three styles, so with no distillation
+# they pick one themselves (greedy: often chunk, which they cannot do); a teacher's traces teach
+# them one. Coin flip is the same for everyone and the students already solve it. What the demo
+# measures of this world is in MODEL_CARD.md (its ground truth) and docs/sandbox.md. Sizes: a
+# head dimension of 32 (vLLM's CPU attention has no kernel for 24), steps where the students sit
+# between the floor and the teachers (measured).
+DEMO_MIXTURE = (("sums", 0.7), ("coin_flip", 0.3))
+_STYLES = tasks.STYLES["sums"]
 ZOO: dict[str, Recipe] = {
-    "teacher-l": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=5600),
-    "teacher-m": Recipe("teacher", "demo", hidden=64, layers=3, heads=2, intermediate=256, steps=2400),
-    "teacher-s": Recipe("teacher", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=2200),
-    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=128, steps=1400),
-    "student-xs": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=64, steps=1400),
+    "teacher-l": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=2000, mixture=DEMO_MIXTURE, styles=("long",)),
+    "teacher-m": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=2000, mixture=DEMO_MIXTURE, styles=("chunk",)),
+    "teacher-s": Recipe("teacher", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=2000, mixture=DEMO_MIXTURE, styles=("fine",)),
+    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=3000, mixture=DEMO_MIXTURE, styles=_STYLES),
+    "student-xs": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=64, steps=3000, mixture=DEMO_MIXTURE, styles=_STYLES),
     "test-teacher-l": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=1500),
     "test-teacher-s": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=500),
     "test-student": Recipe("student", "test", hidden=64, layers=2, heads=2, intermediate=128, steps=450),
@@ -106,6 +111,7 @@ PROFILES = ("demo", "test")
 
 SHIPPED = Path(__file__).resolve().parent / "models"  # the built zoo, shipped with the package
 SUMS = "SHA256SUMS"
+TRUTH = "TRUTH.md"  # the demo's ground truth, measured on these models: appended to the model card
 _REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "zoo.json")
 
 
@@ -124,6 +130,8 @@ def _recipe(name: str, seed: int | None = None) -> Recipe:
 def recipe_hash(name: str, seed: int | None = None) -> str:
     """12 hex digits over the recipe and the versions of this code and of the tasks."""
     recipe = dataclasses.asdict(_recipe(name, seed))
+    if recipe["styles"] == ["fine"] or recipe["styles"] == ("fine",):
+        del recipe["styles"]  # the default: the hash of a recipe from before styles is kept
     return config_hash({"recipe": recipe, "zoo": ZOO_VERSION, "tasks": tasks.VERSION})[:12]
 
 
@@ -267,10 +275,15 @@ def pretraining_texts(recipe: Recipe) -> list[tuple[str, str]]:
     weights = sum(w for _, w in recipe.mixture)
     pairs = []
     for gen, w in recipe.mixture:
-        items = tasks.generate_items(
-            gen, "train", math.ceil(total * w / weights), PRETRAIN_SEED + recipe.seed
-        )
-        pairs += [(it["question"], it["rationale"]) for it in items]
+        styles = [st for st in recipe.styles if st in tasks.styles_of(gen)] or ["fine"]
+        for k, style in enumerate(styles):
+            # each style its own questions (seed offset k), so no question is seen twice
+            n = math.ceil(total * w / weights / len(styles))
+            step = tasks.GENERATORS[gen].draw or n
+            for r, first in enumerate(range(0, n, step)):  # one draw unless the generator is small
+                seed = PRETRAIN_SEED + recipe.seed + k + 1000 * r
+                items = tasks.generate_items(gen, "train", min(step, n - first), seed, style)
+                pairs += [(it["question"], it["rationale"]) for it in items]
     random.Random(recipe.seed).shuffle(pairs)
     return pairs[:total]
 
@@ -561,13 +574,16 @@ def _model_card(models: list[str]) -> str:
         info = _shipped_info(n)
         r = info["recipe"]
         arch = f"{r['layers']}L h{r['hidden']} ff{r['intermediate']} heads {r['heads']}"
+        mix = " ".join(f"{g} {w:g}" for g, w in r["mixture"])
         rows.append(
-            f"| {n} | {r['role']} | {r['profile']} | {info['params']:,} | {arch} | {r['steps']} "
-            f"x {r['batch_size']} | {info.get('precision', '?')} | {info['train_s']:.0f} | "
-            f"{_scores(info['accuracy'])} |"
+            f"| {n} | {r['role']} | {r['profile']} | {info['params']:,} | {arch} | {mix} | "
+            f"{' '.join(r.get('styles', ['fine']))} | {r['steps']} x {r['batch_size']} | "
+            f"{info.get('precision', '?')} | {info['train_s']:.0f} | {_scores(info['accuracy'])} |"
         )
     flags = _shipped_info(models[0]).get("precision_choice", {})
-    return MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
+    truth = SHIPPED / TRUTH
+    card = MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
+    return card + ("\n" + truth.read_text() if truth.is_file() else "")
 
 
 MODEL_CARD = """# The shipped sandbox zoo
@@ -582,10 +598,13 @@ as cotgap. No data outside this repository went into them.
 How they were built: AdamW (betas 0.9/0.95, weight decay 0.01 on matrices), warmup then cosine
 decay to 10% of the recipe's learning rate, loss on the assistant tokens only, 2 threads; bf16
 autocast where the CPU has native bf16, else fp32 (column "precision"). Build machine: {choice}.
-Accuracy: greedy, on the first 100 test items (seed 1234) of each sandbox task.
+Mixture: each task's share of the pretraining items; styles: the ways of writing a rationale the
+model learnt (harness/sandbox/tasks.py STYLES; a task's share is split evenly among its styles),
+so teachers of one style write traces of that form. Accuracy: greedy, on the first 100 test items
+(seed 1234) of each task in the mixture, in whatever style the model chooses.
 
-| model | role | profile | params | architecture | steps x batch | precision | train s | accuracy |
-|---|---|---|---|---|---|---|---|---|
+| model | role | profile | params | architecture | mixture | styles | steps x batch | precision | train s | accuracy |
+|---|---|---|---|---|---|---|---|---|---|---|
 {rows}
 
 Every file is listed with its sha256 in SHA256SUMS and checked when the model is first used.

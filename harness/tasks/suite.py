@@ -81,7 +81,7 @@ class FileSource(Strict):
 
 
 class SandboxSource(Strict):
-    generator: Literal["addition", "expressions", "last_letters", "coin_flip"]
+    generator: Literal["addition", "sums", "expressions", "last_letters", "coin_flip"]
     n_train: int = Field(gt=0)
     n_test: int = Field(gt=0)
     seed: int = 0

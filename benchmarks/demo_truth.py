@@ -1,0 +1,119 @@
+"""Benchmark: the demo's answers against the sandbox's ground truth, and with every seed shifted.
+
+    .venv/bin/python -m benchmarks.demo_truth [--shift 100] [--demo results/sandbox]
+                                              [--truth results/sandbox-truth] [--keep DIR]
+                                              [--out results/bench/demo_truth.json]
+
+The ground truth is `configs/sandbox-truth.yaml` (the demo's world, more replicates and test
+items) run with `cotgap run`; the demo is `configs/sandbox.yaml` (`make demo`). This runs the demo
+again in a fresh results directory with every trace and training seed shifted by `--shift`
+(its test items are the first `test_limit` of the split: nothing else is drawn), then compares
+answers.csv per group (task, student, regime): the demo against the truth (a decided answer, a
+teacher or `none`, agrees when the truth gives the same answer), and the shifted run against the
+demo (the same answer). Reported: each group's answers, the counts, the shifted run's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks import REPO, offline_env
+from benchmarks.grid import cotgap_run
+
+GROUP = ("task", "student", "regime")
+UNDECIDED = "inconclusive"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, default=REPO / "configs" / "sandbox.yaml")
+    p.add_argument("--shift", type=int, default=100, help="added to every trace and train seed")
+    p.add_argument("--demo", type=Path, default=REPO / "results" / "sandbox", help="its run")
+    p.add_argument("--truth", type=Path, default=REPO / "results" / "sandbox-truth")
+    p.add_argument("--keep", type=Path, help="results directory to keep (default: a temp dir)")
+    p.add_argument("--out", default="results/bench/demo_truth.json")
+    return p.parse_args(argv)
+
+
+def answers(run: Path) -> dict[tuple[str, ...], dict[str, str]]:
+    """(task, student, regime) -> that group's row of `run`'s analysis/answers.csv."""
+    path = run / "analysis" / "answers.csv"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: run `cotgap run` on that config first.")
+    with path.open() as f:
+        return {tuple(r[k] for k in GROUP): r for r in csv.DictReader(f)}
+
+
+def shifted(config: Path, shift: int, results: Path) -> dict[str, Any]:
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text())
+    cfg["results_dir"] = str(results)
+    for section in ("generate", "train"):
+        cfg[section]["seeds"] = [s + shift for s in cfg[section]["seeds"]]
+    return cfg
+
+
+def compare(truth: dict, demo: dict, again: dict) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    rows, counts = [], {"groups": len(demo), "decided": 0, "agree": 0, "disagree": 0, "same": 0}
+    for group, d in demo.items():
+        t, s = truth.get(group, {}), again.get(group, {})
+        decided = d["answer"] != UNDECIDED
+        counts["decided"] += decided
+        if decided and t:
+            agree = t.get("answer") == d["answer"]
+            counts["agree" if agree else "disagree"] += 1
+        counts["same"] += s.get("answer") == d["answer"]
+        rows.append(
+            {
+                "group": "/".join(group),
+                "truth": _said(t),
+                "demo": _said(d),
+                "shifted": _said(s),
+            }
+        )
+    return rows, counts
+
+
+def _said(row: dict[str, str]) -> str:
+    if not row:
+        return "(missing)"
+    if row["answer"] == UNDECIDED and row.get("best_set"):
+        return f"inconclusive, distill {row['distill']}, best set {row['best_set']}"
+    gain = f" ({row['gain']})" if row.get("gain") else ""
+    return f"{row['answer']}{gain}"
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    offline_env()
+    args = parse_args(argv)
+    import yaml
+
+    demo = answers(args.demo)
+    # without a truth run (it takes about an hour) only the rerun is compared
+    truth = answers(args.truth) if (args.truth / "analysis").is_dir() else {}
+    with tempfile.TemporaryDirectory(prefix="cotgap-bench-demo-truth-") as tmp:
+        work = args.keep.resolve() if args.keep else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        cfg = work / "sandbox-shifted.yaml"
+        body = shifted(args.config, args.shift, work / "results")
+        cfg.write_text(yaml.safe_dump(body, sort_keys=False))
+        run = cotgap_run(cfg, Path(args.out).parent / "logs" / "demo-shifted.log")
+        again = answers(work / "results" / body["name"])
+    rows, counts = compare(truth, demo, again)
+    result = {"shift": args.shift, "shifted_run": run, "counts": counts, "groups": rows}
+    for r in rows:
+        print(f"{r['group']}: truth {r['truth']} | demo {r['demo']} | shifted {r['shifted']}")
+    print(json.dumps(counts))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
