@@ -37,7 +37,7 @@ COMPUTED = re.compile(r"computed (\d+) cell\(s\) (\{[^}]*\}) in ([0-9.]+) s")
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--task", default="sandbox_addition")
+    p.add_argument("--task", default="sandbox_sums")
     p.add_argument("--train-limit", type=int, default=32, help="train questions per teacher")
     p.add_argument("--test-limit", type=int, default=24)
     p.add_argument("--n", type=int, default=2, help="traces per question")

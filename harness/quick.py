@@ -1,8 +1,8 @@
 """Quick commands: one model on named tasks, or one teacher-student pair, without a YAML.
 
-    cotgap eval sandbox:student-xs --tasks sandbox_addition --limit 50
+    cotgap eval sandbox:student-xs --tasks sandbox_sums --limit 50
     cotgap distill --teacher sandbox:teacher-s --student sandbox:student-xs \
-        --task sandbox_addition --limit 50 --seeds 0,1,2
+        --task sandbox_sums --limit 50 --seeds 0,1,2
 
 Each command builds an in-memory `Experiment` and runs the cells it needs with the grid's own
 machinery (harness/execution/plan.py), in the grid's store: a cell's key depends on the model, the task
