@@ -30,6 +30,33 @@ from harness.engines.base import (
 )
 from harness.errors import UserError
 
+# vLLM's process groups, module globals of vllm.distributed.parallel_state, world last
+_GROUPS = ("_ETP", "_TP", "_ENGRAM_DP", "_DCP", "_PCP", "_PP", "_DP", "_EP", "_EPLB", "_WORLD")
+
+
+def drop_stale_groups() -> None:
+    """Forget vLLM's process groups when torch no longer has them, so that an engine can start in
+    a process where an earlier one was shut down. vLLM keeps its groups in module globals, and a
+    shutdown that finds a group's torch process group already destroyed (another engine's
+    shutdown in the same process got there first) raises before clearing it; the next engine
+    would then start on that stale group and fail ("not initialized in the world group map").
+    Groups that torch still holds belong to a live engine and are left alone. Only in-process
+    callers meet this (tests, benchmarks): `cotgap run` starts each engine in its own process."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as ps
+
+    world = getattr(ps, "_WORLD", None)
+    if world is None:
+        return
+    live = dist.is_initialized() and world.device_group in dist.distributed_c10d._world.pg_map
+    if live:
+        return
+    for name in _GROUPS:
+        if getattr(ps, name, None) is not None:
+            setattr(ps, name, None)
+    if hasattr(ps, "_NODE_COUNT"):
+        ps._NODE_COUNT = None
+
 
 def _sample(out: Any, completion: Any, sampling: Sampling) -> Sample:
     if completion.finish_reason not in ("stop", "length"):
@@ -129,6 +156,7 @@ class VllmEngine(Engine):
                 "max_loras": max_loras,
             }
         self.lora_enabled = lora_rank is not None
+        drop_stale_groups()
         self.llm = vllm.LLM(
             model=self.model_dir,
             tokenizer=self.model_dir,
