@@ -456,3 +456,30 @@ def test_child_exits_when_its_parent_is_killed(tmp_path):
     while _running(child_pid) and time.time() < deadline:
         time.sleep(0.05)
     assert not _running(child_pid), "the child outlived its parent"
+
+
+@pytest.mark.slow
+def test_a_vllm_engine_starts_after_torch_lost_the_process_groups(models_dir):
+    """An in-process caller whose torch process group was destroyed under a live vLLM engine (an
+    in-process training run's teardown does that) can still start another engine: vLLM's stale
+    groups are dropped first instead of failing with "not initialized in the world group map".
+    Run in a child process, so this process's distributed state is not touched."""
+    tiny_model_dir(models_dir)
+    script = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        import torch.distributed as dist
+        from harness.config.schema import ModelSpec
+        from harness.engines import Request, Sampling, load
+        spec = ModelSpec(name="tiny", path={str(tiny_model_dir(models_dir))!r})
+        first = load("vllm", spec, lora_rank=None)
+        dist.destroy_process_group()
+        second = load("vllm", spec, lora_rank=None)
+        out = second.generate([Request(id="a", prompt="1+1=")], Sampling(max_tokens=4))
+        print("generated", len(out))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                         timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "generated 1" in run.stdout
