@@ -19,7 +19,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export MPLCONFIGDIR ?= $(CURDIR)/.cache/matplotlib
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo check test test-slow test-combos lint bench install clean-results real-models real-ladder-models gpu-check
+.PHONY: demo check test test-slow test-ladder test-combos lint bench install clean-results real-models real-ladder-models gpu-check
 
 install: $(STAMP)
 	@echo "make install: done, cotgap is in $(VENV). Next: source $(VENV)/bin/activate, then make demo (about 5 min on 2 cores) or cotgap --help"
@@ -104,7 +104,12 @@ test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not faults and not real_model and not combos and not served and not heavy" --durations=25
 
 test-slow: install real-models
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served or heavy) and not combos_full" -rs --durations=25
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "(faults or real_model or combos or served or heavy) and not combos_full and not ladder" -rs --durations=25
+
+# The reduced real-model ladder (tests/test_real_ladder.py): real GGUF models of up to 0.5B
+# parameters trained and evaluated end to end, about 7 minutes alone with the conversions cached.
+test-ladder: install real-models
+	$(BIN)/python -m pytest -q -n 0 -m ladder -rs tests/test_real_ladder.py
 
 # All 18 grids of the pairwise feature array (tests/test_combos.py); CI runs the few that hold
 # every factor value. Run it before a release, or after a change to how features combine.

