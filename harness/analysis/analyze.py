@@ -321,9 +321,10 @@ def leaderboard(
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     groups = dict(_group_arms(reader, board))
+    gated = _gated(exp, grid, store)
     raced = {}
     if exp.train.race:  # a task gated by pre-selection has no groups to wait for
-        expected = {k for k in race.group_keys(grid) if k[0] not in _gated(exp, grid, store)}
+        expected = {k for k in race.group_keys(grid) if k[0] not in gated}
         raced = race.run(exp, groups, expected)
     decisions = compare_groups(
         exp.analysis,
@@ -337,7 +338,7 @@ def leaderboard(
     _decision_columns(board, decisions)
     spend.add_columns(exp, store, grid, board)
     rescored = Counter(kind for kind, _ in reader.rescored)
-    skipped = _skipped_by_design(exp, grid, store, board) | race.beyond(exp, grid, raced)
+    skipped = _skipped_by_design(grid, store, board, gated) | race.beyond(exp, grid, raced)
     missing = Counter(kind for kind, key in reader.absent if key not in skipped)
     return board, dict(missing), dict(rescored), decisions
 
@@ -355,13 +356,12 @@ def race_round(exp: Experiment, store: Store) -> list[Cell]:
     return race_cells.round_cells(exp, grids.expand(exp), summaries)
 
 
-def _skipped_by_design(exp: Experiment, grid: grids.Grid, store: Store, board: pd.DataFrame) -> set:
+def _skipped_by_design(grid: grids.Grid, store: Store, board: pd.DataFrame, gated: set[str]) -> set:
     """Keys of cells the run skips on purpose, which are not "not computed yet": the adapters and
     evals of screened-out rows (top_k) and of training sets left empty, and every cell of a task
-    pre-selection gated."""
+    pre-selection gated (`gated`, `_gated`)."""
     out = set(board.loc[board["screened_out"].notna(), ["adapter_key", "eval_key"]].stack())
     out |= schedule.left_empty(store, grid.unique())
-    gated = _gated(exp, grid, store)
     return out | {
         c.key for c in grid.cells if c.task in gated and getattr(c, "role", None) != "select"
     }

@@ -48,9 +48,10 @@ def run(
     seen: set[str] = set()
     for n in range(1, exp.train.race.max_replicates - exp.train.race.min_replicates + 3):
         cells = rounds()
-        if {c.key for c in cells} == seen:
+        keys = {c.key for c in cells}
+        if keys == seen:
             break  # the race asks for nothing new: every group is decided or at its maximum
-        seen = {c.key for c in cells}
+        seen = keys
         counts = _run_once(exp, store, cells, options, log)
         for kind, k in counts.items():
             total[kind] = total.get(kind, 0) + k
