@@ -296,7 +296,8 @@ def leaderboard(
     """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts,
     the counts of cells re-scored with the current extractor (by kind: eval, traces), and the
     teacher comparisons of each (task, student, regime) group (`compare_teachers`)."""
-    grid, reader, rows = grids.expand(exp), _Reader(store, exp.data_dir), []
+    grid, reader = grids.expand(exp), _Reader(store, exp.data_dir)
+    rows: list[dict] = []
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
     teachers = {}
     for (task, teacher), ev in grid.teachers.items():
@@ -375,8 +376,8 @@ def item_posts(exp: Experiment, store: Store, board: pd.DataFrame | None) -> dic
     reader, out = _Reader(store, exp.data_dir), {}
     dist = board[board["row_type"] == "distilled"]
     for row, g in dist.groupby(screening.ROW, sort=False):
-        evals = [reader.eval(k) for k in g["eval_key"]]
-        evals = [e.correct for e in evals if e is not None]
+        found = [reader.eval(k) for k in g["eval_key"]]
+        evals = [e.correct for e in found if e is not None]
         if evals:
             items = set.intersection(*(set(e) for e in evals))
             out[row] = {i: float(np.mean([e[i] for e in evals])) for i in items}
@@ -1006,7 +1007,7 @@ def regime_comparison(dist: pd.DataFrame, regimes: list[str]) -> dict[str, Any]:
     scored = dist[dist["regime"].isin(regimes)].dropna(subset=["post_acc", "gain"])
     wide = scored.pivot_table(index=keys, columns="regime", values=["post_acc", "gain"])
     wide = wide.dropna() if wide.columns.get_level_values(1).nunique() == len(regimes) else wide[:0]
-    reference = "per_teacher" if "per_teacher" in regimes else (regimes or [None])[0]
+    reference = "per_teacher" if "per_teacher" in regimes else regimes[0]
     out: dict[str, Any] = {"reference": reference, "n_pairs": len(wide), "per_regime": {}}
     for r in regimes:
         if len(wide) == 0:

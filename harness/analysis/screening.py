@@ -58,6 +58,11 @@ def screened(exp: Experiment) -> Experiment:
     return exp if exp.screen else exp.model_copy(update={"screen": ScreenConfig()})
 
 
+def _signal(exp: Experiment) -> str:
+    """The signal that `screened(exp)` ranks teachers by."""
+    return (exp.screen or ScreenConfig()).signal
+
+
 def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per complete screen cell: its signals, the rank its teacher gets within its
     (task, student, regime, trace draw) group (1 = the screen's first choice), and from `board`
@@ -71,13 +76,14 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
             continue
         s = m["summary"]
         adapters = [d.adapter.key for r, d in g.distilled.items() if r[:5] == row]
-        train_s = [(store.manifest("adapter", k) or {}).get("wall_s") for k in adapters]
+        walls = [(store.manifest("adapter", k) or {}).get("wall_s") for k in adapters]
+        known = [w for w in walls if w is not None]
         rows.append(
             {
                 **dict(zip(ROW, row, strict=True)),
                 **{k: s.get(k, np.nan) for k in SIGNALS},
                 **{k: s[k] for k in COUNTS},
-                "train_s": sum(train_s) if train_s and None not in train_s else np.nan,
+                "train_s": sum(known) if known and len(known) == len(walls) else np.nan,
                 "screen_s": m["wall_s"],
                 "screened_out": next((skipped[k] for k in adapters if k in skipped), None),
                 "screen_key": cell.key,
@@ -85,8 +91,8 @@ def table(exp: Experiment, store: Store, board: pd.DataFrame | None = None) -> p
         )
     tbl = pd.DataFrame(rows, columns=[c for c in COLUMNS if c not in _FROM_BOARD])
     tbl = _join_board(tbl, board)
-    tbl["screen_signal"] = exp.screen.signal
-    tbl["screen_rank"] = _rank(tbl, exp.screen.signal)
+    tbl["screen_signal"] = _signal(exp)
+    tbl["screen_rank"] = _rank(tbl, _signal(exp))
     tbl["gain_rank"] = tbl.groupby(GROUP)["gain"].rank(ascending=False, method="min")
     return tbl.reindex(columns=COLUMNS)
 
@@ -114,8 +120,8 @@ def screened_out(g: grids.Grid, store: Store) -> dict[str, str]:
     group is screened: the scheduler's decision, made again from the same screen cells."""
     out = {}
     for key, gate in g.gates.items():
-        manifests = {k: store.manifest("screen", k) for k in gate.group}
-        if all(manifests.values()):
+        manifests = {k: m for k in gate.group if (m := store.manifest("screen", k))}
+        if all(k in manifests for k in gate.group):
             reason = gate.reason({k: m["summary"] for k, m in manifests.items()})
             if reason:
                 out[key] = reason
@@ -235,7 +241,7 @@ def _top1(groups: list[pd.DataFrame], predictor: str) -> dict[str, Any]:
         if np.isnan(score).all():
             continue
         best = gain == gain.max()
-        first = score == np.nanmax(score)
+        first: np.ndarray = score == np.nanmax(score)
         hits.append(float(best[first].mean()))
         chance.append(float(best.mean()))
     n = len(hits)
@@ -305,8 +311,8 @@ def write(
     if tbl.empty:
         return None
     atomic_write_text(out / "screen.csv", tbl.to_csv(index=False))
-    result = {"rows": len(tbl), "cost": cost(tbl, store)}
-    signal = screened(exp).screen.signal
+    result: dict[str, Any] = {"rows": len(tbl), "cost": cost(tbl, store)}
+    signal = _signal(exp)
     result["validation"] = validate(tbl, exp.analysis, signal, posts())
     if result["validation"]:
         result["plot"] = plot(tbl, out / "screen_vs_gain.png", result["validation"]["signal"]).name

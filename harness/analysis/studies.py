@@ -230,7 +230,7 @@ def win_rate_fit(frame: pd.DataFrame, alpha: float, bins: Sequence[float]) -> di
     n_bins = max(1, len(edges) - 1)
     wins = grid_level.pair_wins(arr["post_acc"], 100 * arr["teacher_acc"])
     gap, win = wins(np.arange(n)[None]) if n > 1 else (np.empty((1, 0)), np.empty((1, 0)))
-    pair_task = np.repeat(keys["task"].to_numpy(dtype=object), n * (n - 1) // 2)
+    pair_task: np.ndarray = np.repeat(keys["task"].to_numpy(dtype=object), n * (n - 1) // 2)
     binned = []
     for lo, hi in itertools.pairwise(edges):
         closed = hi == edges[-1]
@@ -539,10 +539,12 @@ def size_interaction(
     df = frame.dropna(subset=["gain", prop, "student_size"])
     df = df[(df["student_size"] > 0) & (df[prop] > 0)]
     n_students = int(df["student"].nunique())
-    out = {"estimate": None, "test": None, "n_students": n_students,
-           "n_sizes": int(df["student_size"].nunique()), "n_tasks": int(df["task"].nunique()),
-           "smallest_p": grid_level.smallest_p(n_students),
-           "needed": grid_level.units_needed(alpha), "prop": prop}  # fmt: skip
+    out: dict[str, Any] = {
+        "estimate": None, "test": None, "n_students": n_students,
+        "n_sizes": int(df["student_size"].nunique()), "n_tasks": int(df["task"].nunique()),
+        "smallest_p": grid_level.smallest_p(n_students),
+        "needed": grid_level.units_needed(alpha), "prop": prop,
+    }  # fmt: skip
     if out["n_sizes"] < 2 or df["teacher"].nunique() < 2:
         return out
     keys, _, arr = grid_level.block(df, ["gain", prop, "student_size"])
@@ -577,7 +579,8 @@ def inverted_u(frame: pd.DataFrame, alpha: float, min_side: int = 2) -> dict[str
         return {**out, "status": TOO_FEW,
                 "why": f"{n} teachers: it needs ≥ {needed} (two on each side of a peak, and a "
                        f"one-sided teacher-level test that can reach p ≤ {alpha:g})"}  # fmt: skip
-    y, x = 100 * arr["gain"], 10 * arr["teacher_acc"]
+    y: np.ndarray = 100 * arr["gain"]
+    x: np.ndarray = 10 * arr["teacher_acc"]
     xc = x - x.mean()
     b1, b2 = grid_level.within_slopes(y, np.stack([xc, xc**2], axis=2))(np.arange(n)[None])[0]
     if math.isnan(b2):
@@ -670,7 +673,8 @@ def delta_pairs(
 ) -> dict[str, Any]:
     """The configured pairs' difference in post per group: the group's own pairwise interval and
     verdict (teacher_level.decide_group), next to each teacher's gain over the baseline."""
-    rows, found = [], []
+    rows: list[list] = []
+    found: list[dict[str, Any]] = []
     for name, pair in (("ΔLarge", large), ("ΔLong", long)):
         if not pair:
             continue
@@ -736,7 +740,8 @@ def family_averages(
     by: dict[tuple[str, str, str], list[str]] = {}
     for task, student, regime in arms:
         by.setdefault((family_of(task, families), student, regime), []).append(task)
-    rows, found = [], []
+    rows: list[list] = []
+    found: list[dict[str, Any]] = []
     for (fam, student, regime), tasks in by.items():
         if len(tasks) < 2:
             continue
@@ -804,7 +809,8 @@ def mix_parts(
 ) -> dict[str, Any]:
     """Each mix adapter (every budget alignment) against each component teacher's per_teacher
     adapter, paired on the test items, Bonferroni over the comparisons of a (task, student)."""
-    rows, found = [], []
+    rows: list[list] = []
+    found: list[dict[str, Any]] = []
     for (task, student, regime), (_, teachers) in arms.items():
         ref = arms.get((task, student, "per_teacher"))
         if not regime.startswith("mix") or "mix" not in teachers or ref is None:
@@ -851,7 +857,8 @@ def selection_effect(
     first, claimed a difference in 13% of null grids of 6 + 6 tasks (a treatment that is
     constant within clusters is where CR1 errs most)."""
     status = {d["task"]: d["passed"] for d in selection}
-    rows, found = [], []
+    rows: list[list] = []
+    found: list[dict[str, Any]] = []
     for regime in teacher_regimes(frame):
         mine = frame[(frame["regime"] == regime) & frame["task"].isin(status)]
         means = 100 * mine.dropna(subset=["gain"]).groupby("task")["gain"].mean()

@@ -125,7 +125,12 @@ def evaluate_adapter(
 
 def estimate(exp: Experiment, cells: list[Cell]) -> dict[str, float]:
     """Upper bounds of the work, from configs and split sizes (`split_sizes`); loads no model."""
-    out = {"generated_tokens_max": 0, "eval_tokens_max": 0, "train_steps": 0, "train_tokens_max": 0}
+    out: dict[str, float] = {
+        "generated_tokens_max": 0,
+        "eval_tokens_max": 0,
+        "train_steps": 0,
+        "train_tokens_max": 0,
+    }
     names = {"generate": "generated_tokens_max", "evaluate": "eval_tokens_max"}
     for (stage, _), work in work_by_model(exp, cells).items():
         if stage == "train":
@@ -155,7 +160,7 @@ def split_sizes(exp: Experiment) -> dict[str, dict[str, int]]:
 
 def _n_items(task: dict[str, Any], sizes: dict[str, dict[str, int]]) -> int:
     """The items a cell's task config reads: its limit, at most the split's size (0: unknown)."""
-    size = sizes.get(task.get("name"), {}).get(task.get("split"))
+    size = sizes.get(task.get("name", ""), {}).get(task.get("split", ""))
     limit = task.get("limit")
     return min(limit, size) if limit and size else limit or size or 0
 
@@ -313,10 +318,9 @@ def replicate_units(exp: Experiment) -> int:
 def selection_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]) -> list[str]:
     """Per candidate task (`select:`): its teachers' accuracies, spread and decision, and the work
     a gated task saves (its cells still to run, besides the select cells)."""
-    decisions = selection.decide(exp, grid, store)
-    if not decisions:
+    decisions, sel = selection.decide(exp, grid, store), exp.select
+    if not decisions or sel is None:  # decisions are empty without a select: section
         return []
-    sel = exp.select
     lines = [
         f"task pre-selection ({sel.by} >= {sel.min_points:g} pts, {sel.prompt_style}, "
         f"{sel.split} split{': [red]a leak, the test items also score the students[/]' if sel.split == 'test' else ''}):"
@@ -402,7 +406,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
     m = len(exp.teachers)
     prior, measured = a.replicate_sd / 100, _replicate_sds(exp)
     concordances = _concordances(exp)
-    designs: dict[tuple[str, int, float | None, float], list[str]] = {}
+    designs: dict[tuple[str, int, float | None, float, float], list[str]] = {}
     for (task, student), cell in (grid or grids.expand(exp)).baselines.items():
         t = cell.config.get("task", {})
         n = _n_items(t, sizes)
@@ -617,7 +621,7 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     n = min((_n_items(c.config.get("task", {}), sizes) for c in grid.baselines.values()), default=0)
     per_group = m * race.adapters_per_draw(exp)
     low, high = per_group * design.looks[0], per_group * design.max_replicates
-    mean = high
+    mean: float = high
     if n:
         mean = race.adapters_per_draw(exp) * racing.expected_adapters(
             m, n, design, a.replicate_sd / 100, effect=a.effect_of_interest / 100,

@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from harness import progress
 from harness.config.schema import Experiment
@@ -40,7 +40,8 @@ from harness.store import Store
 from harness.workflow.cells import PHASES, STAGE_OF_KIND, STAGES, Cell
 from harness.workflow.grid import Gate
 
-StageFn = Callable[[Experiment, Store, list[Cell]], Any]
+# a stage takes the cells of its own kind (list[Traces], list[Eval], ...)
+StageFn = Callable[[Experiment, Store, list[Any]], Any]
 
 
 def _stage_table() -> dict[str, StageFn]:
@@ -76,6 +77,12 @@ class Group:
             return self.cells[0].label
         models = sorted({c.model for c in self.cells})
         return f"{self.kind}: {len(self.cells)} cells of {', '.join(models)}"
+
+
+class Emit(Protocol):
+    """What the scheduler sends its events to: `Events`, or the progress bar wrapping it."""
+
+    def __call__(self, event: str, say: str | None = None, **fields: Any) -> None: ...
 
 
 class Events:
@@ -164,7 +171,7 @@ def needs(c: Cell, gates: Mapping[str, Gate] | None) -> tuple[str, ...]:
 
 
 def empty_dataset(store: Store, key: str) -> bool:
-    manifest = store.manifest("dataset", key)
+    manifest = store.manifest("dataset", key) or {}
     return bool(manifest) and manifest["summary"].get("n_examples") == 0
 
 
@@ -197,7 +204,8 @@ class Schedule:
         """`gates`: per adapter key, its top_k screening gate (harness/workflow/grid.py: Gate);
         `task_gates`: per task, the select cells its other cells wait for; `decide(task)`: then
         whether the task goes on, and why (harness/workflow/selection.py)."""
-        self.store, self.emit, self.gates = store, events or Events(store), gates or {}
+        self.emit: Emit = events or Events(store)
+        self.store, self.gates = store, gates or {}
         self.task_gates, self.decide = dict(task_gates or {}), decide
         self._decided: dict[str, tuple[bool | None, str]] = {}
         cells = list(cells)

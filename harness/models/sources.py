@@ -44,7 +44,7 @@ def _weights_fingerprint(d: Path) -> str:
 def _zoo_name(spec: ModelSpec) -> str:
     from harness.sandbox import zoo
 
-    name = spec.path.removeprefix(SANDBOX_PREFIX)
+    name = spec_path(spec).removeprefix(SANDBOX_PREFIX)
     if name not in zoo.ZOO:
         raise UserError(
             f"model {spec.name!r}: unknown sandbox model {name!r}; fix the path in the config "
@@ -70,16 +70,16 @@ def _sandbox_dir(spec: ModelSpec) -> str:
 
 
 def _gguf_ref(spec: ModelSpec) -> tuple[str, str]:
-    return spec.path.removeprefix(gguf.PREFIX), f"model {spec.name!r}"
+    return spec_path(spec).removeprefix(gguf.PREFIX), f"model {spec.name!r}"
 
 
 def _local_id(spec: ModelSpec) -> dict[str, Any]:
-    d = Path(spec.path).expanduser().resolve()
+    d = Path(spec_path(spec)).expanduser().resolve()
     return {"local": str(d), "fingerprint": _weights_fingerprint(d)}
 
 
 def _local_dir(spec: ModelSpec) -> str:
-    d = Path(spec.path).expanduser().resolve()
+    d = Path(spec_path(spec)).expanduser().resolve()
     if not (d / "config.json").exists():
         raise UserError(
             f"model {spec.name!r}: {d} has no config.json; point path at a Hugging Face model directory."
@@ -103,7 +103,7 @@ _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
 
 
 def _hub_id(spec: ModelSpec) -> dict[str, Any]:
-    path = spec.path
+    path = spec_path(spec)
     if not _REPO_ID.match(path) or "--" in path or ".." in path or path.endswith(".git"):
         raise UserError(
             f"model {spec.name!r}: path {path!r} is neither an existing directory nor a hub id "
@@ -165,22 +165,33 @@ class ModelSource(NamedTuple):
 SOURCES: dict[str, ModelSource] = {
     "served": ModelSource(lambda s: s.served, _served_id, _served_dir, True),
     "sandbox": ModelSource(
-        lambda s: s.path.startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True
+        lambda s: spec_path(s).startswith(SANDBOX_PREFIX), _sandbox_id, _sandbox_dir, True
     ),
     "gguf": ModelSource(
-        lambda s: s.path.startswith(gguf.PREFIX),
+        lambda s: spec_path(s).startswith(gguf.PREFIX),
         lambda s: {"gguf": gguf.provenance(*_gguf_ref(s))},
         lambda s: str(gguf.convert(*_gguf_ref(s))),
         True,
     ),
-    "local": ModelSource(lambda s: Path(s.path).expanduser().is_dir(), _local_id, _local_dir, True),
-    "missing": ModelSource(lambda s: s.path.startswith((".", "/", "~")), _missing, _missing, True),
+    "local": ModelSource(
+        lambda s: Path(spec_path(s)).expanduser().is_dir(), _local_id, _local_dir, True
+    ),
+    "missing": ModelSource(
+        lambda s: spec_path(s).startswith((".", "/", "~")), _missing, _missing, True
+    ),
     "hub": ModelSource(lambda s: True, _hub_id, _hub_dir, False),
 }
 
 
 def source(spec: ModelSpec) -> ModelSource:
     return next(src for src in SOURCES.values() if src.matches(spec))
+
+
+def spec_path(spec: ModelSpec) -> str:
+    """The model's `path`. Only a served model may have none, and a served model reaches no source
+    but `served` (SOURCES tries it first; `_local_source` is asked only when the path is given)."""
+    assert spec.path is not None, f"model {spec.name!r} has no path"
+    return spec.path
 
 
 def identity(spec: ModelSpec) -> dict[str, Any]:

@@ -221,12 +221,12 @@ def build(
     names = list(names) if names is not None else names_for(profile)
     for name in names:
         _recipe(name)
-    out = {}
+    out: dict[str, Path] = {}
     if root is None and not rebuild and seed is None:
         for name in names:
-            if shipped(name):
+            if (d := shipped(name)) is not None:
                 verify_shipped(name)
-                out[name] = shipped(name)
+                out[name] = d
     root = Path(root or zoo_dir())
     todo = [n for n in names if n not in out]
     if todo:
@@ -569,9 +569,10 @@ def ship_models(dirs: dict[str, Path]) -> None:
 
 
 def _model_card(models: list[str]) -> str:
+    # `models` holds only shipped directories with a zoo.json
+    infos = {n: _shipped_info(n) or {} for n in models}
     rows = []
-    for n in models:
-        info = _shipped_info(n)
+    for n, info in infos.items():
         r = info["recipe"]
         arch = f"{r['layers']}L h{r['hidden']} ff{r['intermediate']} heads {r['heads']}"
         mix = " ".join(f"{g} {w:g}" for g, w in r["mixture"])
@@ -580,7 +581,7 @@ def _model_card(models: list[str]) -> str:
             f"{' '.join(r.get('styles', ['fine']))} | {r['steps']} x {r['batch_size']} | "
             f"{info.get('precision', '?')} | {info['train_s']:.0f} | {_scores(info['accuracy'])} |"
         )
-    flags = _shipped_info(models[0]).get("precision_choice", {})
+    flags = infos[models[0]].get("precision_choice", {})
     truth = SHIPPED / TRUTH
     card = MODEL_CARD.format(rows="\n".join(rows), choice=json.dumps(flags, sort_keys=True))
     return card + ("\n" + truth.read_text() if truth.is_file() else "")

@@ -56,7 +56,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -407,7 +407,11 @@ def _total(
 
 
 def _per_arm(prior: Priors, k: int) -> list[Prior | Pooled | None]:
-    return list(prior) if isinstance(prior, (list, tuple)) else [prior] * k
+    return (
+        list(prior)
+        if isinstance(prior, (list, tuple))
+        else [cast(Prior | Pooled | None, prior)] * k
+    )
 
 
 def replicate_parts(ms: Pooled | None, weight: Any, n: int) -> list[tuple[Any, Any]]:
@@ -794,7 +798,7 @@ def simulate(
     uniform otherwise."""
     u = rng.random((sims, 1, n))
     base = u[:, 0, :] < base_acc
-    sds = [rep_sd] * len(accs) if np.ndim(rep_sd) == 0 else list(rep_sd)  # type: ignore[list-item]
+    sds = [rep_sd] * len(accs) if np.ndim(rep_sd) == 0 else list(cast(Sequence[float], rep_sd))
     arms = []
     for p, sd in zip(accs, sds, strict=True):
         if math.isinf(rep_df):
@@ -842,7 +846,7 @@ def rule_calls_better(
     teachers = [a] if b is None else [a, b]
     teachers += list(others)
     m = len(teachers)
-    units = [t.astype(float) for t in teachers]
+    units: list[np.ndarray] = [t.astype(float) for t in teachers]
     prior = pool(units)
     cov = arm_covariance(base.astype(float), units, prior).mean(axis=0)
     family = [(i, None) for i in range(m)] + [
@@ -851,7 +855,9 @@ def rule_calls_better(
     tail = simultaneous_tail(_weights(m, family), cov, alpha)
     other = base.astype(float) if b is None else b.mean(axis=1)
     d = a.mean(axis=1) - other
-    reps = [x.astype(float) for x in ([a] if b is None else [a, b]) if x.shape[-2] > 1]
+    reps: list[np.ndarray] = [
+        x.astype(float) for x in ([a] if b is None else [a, b]) if x.shape[-2] > 1
+    ]
     centre, _, _, half = contrast(d, reps, prior, 1 - tail)
     return (centre - half) > 0
 
@@ -970,7 +976,7 @@ def coverage(
             d.low <= truth[0] - truth[1] <= d.high,
             p.low <= truth[0] <= p.high,
         ]
-    return tuple(float(h) for h in hits / runs)
+    return cast(tuple[float, float, float], tuple(float(h) for h in hits / runs))
 
 
 def grid_rates(

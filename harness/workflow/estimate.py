@@ -77,7 +77,7 @@ def arch(spec: ModelSpec) -> Arch | None:
         return None
     from harness.models import sources
 
-    path = sources.directory_here(spec) or Path(spec.path).expanduser()
+    path = sources.directory_here(spec) or Path(sources.spec_path(spec)).expanduser()
     if (path / "config.json").is_file():
         c = json.loads((path / "config.json").read_text())
         heads = c.get("num_attention_heads", 1)
@@ -90,7 +90,7 @@ def arch(spec: ModelSpec) -> Arch | None:
             c.get("num_key_value_heads", heads),
             c.get("head_dim") or hidden // max(heads, 1),
         )
-    name = spec.path.rsplit("/", 1)[-1].lower().removesuffix("-instruct")
+    name = sources.spec_path(spec).rsplit("/", 1)[-1].lower().removesuffix("-instruct")
     known = KNOWN.get(name)
     if known and spec.size:
         return dataclasses.replace(known, params=spec.size)
