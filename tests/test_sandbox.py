@@ -206,8 +206,11 @@ def test_every_recipe_is_shipped_and_verifies_reading_only_its_files():
     for name in zoo.ZOO:
         assert zoo.shipped(name) == zoo.SHIPPED / name, f"{name}: rebuild and --ship the zoo"
         zoo.verify_shipped.cache_clear()
-        with opened_files() as opened:
+        with opened_files() as opened_any:
             digest = zoo.verify_shipped(name)
+        # a module imported on first use (run alone, this test is the first to verify) is code,
+        # not a file the check reads
+        opened = [p for p in opened_any if not p.endswith((".py", ".pyc", ".so"))]
         # the model's own files and the sums file, each once: no build, no other model
         assert len(opened) == len(set(opened)) <= len(list((zoo.SHIPPED / name).iterdir())) + 1
         assert {Path(p).parent for p in opened} <= {zoo.SHIPPED / name, zoo.SHIPPED}, opened
