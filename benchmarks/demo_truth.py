@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,45 @@ def answers(run: Path) -> dict[tuple[str, ...], dict[str, str]]:
         raise SystemExit(f"{path} is missing: run `cotgap run` on that config first.")
     with path.open() as f:
         return {tuple(r[k] for k in GROUP): r for r in csv.DictReader(f)}
+
+
+TRUTH_MD = REPO / "harness" / "sandbox" / "models" / "TRUTH.md"
+TASK_NAMES = {"sums": "sandbox_sums", "coin flip": "sandbox_coin_flip"}
+
+
+def truth_md(path: Path = TRUTH_MD) -> list[dict[str, Any]]:
+    """The ground truth as the zoo's model card records it (its first table: 10 replicates x
+    1,000 test items per arm), for when no `configs/sandbox-truth.yaml` run is at hand: one row
+    per (task, student, regime, teacher) with the baseline and the mean distilled accuracy (points)
+    and the group's answer (a teacher, `none` or `inconclusive`). The teachers' order is the
+    header's "(teacher-s / teacher-m / teacher-l)"."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
+    start = next(i for i, ln in enumerate(lines) if "| regime |" in ln)
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    teachers = re.search(r"\(([^)]*)\)", header[4])
+    if teachers is None:
+        raise ValueError(f"{path}: no '(teacher / ...)' in the table's header {header[4]!r}")
+    names = [t.strip() for t in teachers.group(1).split("/")]
+    rows = []
+    for ln in lines[start + 2 :]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if len(cells) != len(header):
+            break  # the end of the first table
+        task, student, regime, base, posts, answer = cells
+        baseline = float(base.rstrip("%"))
+        for teacher, post in zip(names, posts.split("/"), strict=True):
+            rows.append(
+                {"task": TASK_NAMES.get(task, task), "student": student, "regime": regime,
+                 "teacher": teacher, "base_acc": baseline, "post_acc": float(post),
+                 "gain": round(float(post) - baseline, 6),
+                 "answer": re.split(r"[\s:(]", answer, maxsplit=1)[0]}
+            )  # fmt: skip
+    return rows
+
+
+def truth_answers(rows: list[dict[str, Any]]) -> dict[tuple[str, ...], dict[str, str]]:
+    """(task, student, regime) -> {"answer": ...}: `truth_md`'s rows as `compare` reads a run's."""
+    return {tuple(r[k] for k in GROUP): {"answer": r["answer"]} for r in rows}
 
 
 def shifted(config: Path, shift: int, results: Path) -> dict[str, Any]:

@@ -37,3 +37,31 @@ def test_decided_answers_are_checked_against_the_truth_and_the_rerun(tmp_path: P
     assert rows[2]["demo"] == "inconclusive, distill yes, best set t1;t2"
     cfg = demo_truth.shifted(demo_truth.REPO / "configs" / "sandbox.yaml", 100, tmp_path)
     assert cfg["generate"]["seeds"] == cfg["train"]["seeds"] == [100, 101, 102]
+
+
+def test_the_truth_is_read_from_the_model_cards_table(tmp_path: Path) -> None:
+    card = tmp_path / "TRUTH.md"
+    card.write_text(
+        "intro\n\n| task | student | regime | baseline | distilled (t-b / t-a) | answer |\n"
+        "|---|---|---|---|---|---|\n"
+        "| sums | s1 | per_teacher | 40.0% | 55.5 / 30.0 | t-b (+15.5 [+1, +2]) |\n"
+        "| coin flip | s1 | per_teacher | 90.0% | 91.0 / 89.0 | inconclusive: distil yes (+1) |\n"
+        "\n| task | student | baseline | other table |\n|---|---|---|---|\n| x | y | z | w |\n"
+    )
+    rows = demo_truth.truth_md(card)
+    # the header's order names the columns; the second table is not read
+    assert [(r["task"], r["teacher"], r["gain"]) for r in rows] == [
+        ("sandbox_sums", "t-b", 15.5), ("sandbox_sums", "t-a", -10.0),
+        ("sandbox_coin_flip", "t-b", 1.0), ("sandbox_coin_flip", "t-a", -1.0),
+    ]  # fmt: skip
+    assert demo_truth.truth_answers(rows) == {
+        ("sandbox_sums", "s1", "per_teacher"): {"answer": "t-b"},
+        ("sandbox_coin_flip", "s1", "per_teacher"): {"answer": "inconclusive"},
+    }
+
+
+def test_the_shipped_truth_covers_the_demo_grid() -> None:
+    rows = demo_truth.truth_md()
+    groups = {(r["task"], r["student"], r["regime"]) for r in rows}
+    assert len(groups) == 8 and len(rows) == 24  # 2 tasks x 2 students x 2 regimes x 3 teachers
+    assert all(abs(r["gain"] - (r["post_acc"] - r["base_acc"])) < 1e-9 for r in rows)
