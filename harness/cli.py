@@ -395,14 +395,16 @@ def _print_summary(answers: Path) -> None:
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     cols: tuple[str, ...] = ("task", "student", "regime", "answer", "distill?", "action")
-    cols += ("gain [interval]", "best set")
+    cols += ("quoted teacher: gain [interval]", "best set")
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
     def pts(v: str) -> str:  # answers.csv holds points
         return "-" if v in ("", "nan") else f"{float(v):+.1f}"
 
     for r in rows:
-        gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
+        gain = (
+            f"{r['quoted_teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
+        )
         exploratory = " (exploratory)" if r["exploratory"] == "yes" else ""
         gain = gain.strip()  # no teacher is named where the answer is none
         table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,
