@@ -194,7 +194,16 @@ def validate(
 
 
 @ls_app.command("tasks")
-def ls_tasks(include_path: IncludePath = None) -> None:
+def ls_tasks(
+    include_path: IncludePath = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="directory with your tasks' data files (default $COTGAP_DATA_DIR): the items of "
+            "a task read from local files are counted there"
+        ),
+    ] = None,
+) -> None:
     """Every task with its version, splits, sizes and answer type."""
     from rich.table import Table
 
@@ -202,7 +211,9 @@ def ls_tasks(include_path: IncludePath = None) -> None:
     from harness.tasks import suite as tasks
 
     table = Table("task", "version", "answer type", "extractor", "splits")
-    for row in tasks.list_tasks_table():
+    root = tasks.data_dir_or_env(data_dir)
+    rows = tasks.list_tasks_table(root)
+    for row in rows:
         table.add_row(
             str(row["name"]),
             str(row["version"]),
@@ -211,6 +222,13 @@ def ls_tasks(include_path: IncludePath = None) -> None:
             str(row["splits"]),
         )
     _console(stderr=False).print(table)
+    unsized = [r["name"] for r in rows if r["source"] == "files only" and not r["sizes"]]
+    if unsized:
+        names = ", ".join(unsized)
+        if root:
+            _log(f"sizes of {names}: unknown, their data files are not under {root}")
+        else:
+            _log(f"sizes of {names}: counted from their data files with --data-dir DIR")
 
 
 @task_app.command("new")

@@ -160,6 +160,31 @@ def test_task_paths_key_is_relative_to_the_config(tmp_path):
     assert flag.returncode == 0, flag.stderr
 
 
+def test_ls_tasks_counts_the_items_of_an_own_task_under_its_data_dir(tmp_path):
+    """A task read from local files has no `sizes` in its YAML: `ls tasks` counts its items
+    where its data dir is given (as `ls items` counts them), and says how where it is not."""
+    tasks_dir, data_dir = _own_task(tmp_path)
+    (data_dir / "sums" / "test.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+
+    def row(out: subprocess.CompletedProcess) -> str:
+        assert out.returncode == 0, out.stderr
+        return next(x for x in out.stdout.splitlines() if "my_sums" in x)
+
+    no_env = {"COTGAP_DATA_DIR": ""}
+    counted = cotgap("ls", "tasks", "--include-path", str(tasks_dir), "--data-dir", str(data_dir),
+                     cwd=tmp_path, env=no_env)  # fmt: skip
+    assert "train 6 / test 1" in row(counted) and "my_sums" not in counted.stderr
+    from_env = cotgap("ls", "tasks", "--include-path", str(tasks_dir), cwd=tmp_path,
+                      env={"COTGAP_DATA_DIR": str(data_dir)})  # fmt: skip
+    assert "train 6 / test 1" in row(from_env)
+    unknown = cotgap("ls", "tasks", "--include-path", str(tasks_dir), cwd=tmp_path, env=no_env)
+    assert "train 6" not in row(unknown)
+    assert "sizes of my_sums: counted from their data files with --data-dir DIR" in unknown.stderr
+    elsewhere = cotgap("ls", "tasks", "--include-path", str(tasks_dir), "--data-dir",
+                       str(tmp_path), cwd=tmp_path, env=no_env)  # fmt: skip
+    assert "train 6" not in row(elsewhere) and f"not under {tmp_path}" in elsewhere.stderr
+
+
 def test_include_path_must_be_a_folder(tmp_path):
     out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
     assert out.returncode == 2 and "--include-path" in out.stderr

@@ -10,7 +10,6 @@ complete on disk is skipped, so a killed run resumes and a second run computes n
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -140,17 +139,7 @@ def split_sizes(exp: Experiment) -> dict[str, dict[str, int]]:
     """Items of each split of the experiment's tasks: the task file's `sizes`, else, for a task
     read from local files (no hub source), the items counted as `cotgap ls items` counts them;
     a split that cannot be counted here is left out (unknown)."""
-    out: dict[str, dict[str, int]] = {}
-    for t in exp.tasks:
-        spec = tasks.task_spec(t.name)
-        sizes = dict(tasks.split_sizes(spec))
-        if spec.source.hub is None and spec.source.sandbox is None:
-            for split in ("train", "test"):
-                if split not in sizes:  # a split without its file here stays unknown
-                    with contextlib.suppress(UserError):
-                        sizes[split] = len(tasks.load_items(spec, split, exp.data_dir))
-        out[t.name] = sizes
-    return out
+    return {t.name: tasks.counted_sizes(t.name, exp.data_dir) for t in exp.tasks}
 
 
 def _n_items(task: dict[str, Any], sizes: dict[str, dict[str, int]]) -> int:

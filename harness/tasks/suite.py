@@ -13,6 +13,7 @@ whichever copy was read. Without a data dir (argument or COTGAP_DATA_DIR) items 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -303,12 +304,28 @@ def split_sizes(task: TaskSpec | str) -> dict[str, int]:
     return _sizes(task_spec(task))
 
 
-def list_tasks_table() -> list[dict[str, Any]]:
-    """Rows for `cotgap ls tasks`: from the YAMLs alone, no data is read."""
+def counted_sizes(task: TaskSpec | str, data_dir: str | Path | None) -> dict[str, int]:
+    """Items of each split: the YAML's (`split_sizes`), else, for a task read from local files
+    alone (no hub source), its train and test items counted from its files under `data_dir` (or
+    $COTGAP_DATA_DIR) as `cotgap ls items` counts them; a split whose file cannot be read there
+    is left out (unknown)."""
+    spec = task_spec(task)
+    sizes = _sizes(spec)
+    if spec.source.hub is None and spec.source.sandbox is None:
+        for split in ("train", "test"):
+            if split not in sizes:
+                with contextlib.suppress(UserError):  # no file here: the size stays unknown
+                    sizes[split] = len(load_items(spec, split, data_dir))
+    return sizes
+
+
+def list_tasks_table(data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows for `cotgap ls tasks`: from the YAMLs alone; with a `data_dir`, the items of a
+    local-file task whose YAML gives no sizes are counted from its files (`counted_sizes`)."""
     rows = []
     for name in task_names():
         spec = load_task(name)
-        sizes = _sizes(spec)
+        sizes = _sizes(spec) if data_dir is None else counted_sizes(spec, data_dir)
         if spec.source.sandbox is not None:
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
