@@ -408,12 +408,13 @@ def _print_summary(answers: Path) -> None:
     inconclusive, with the quoted teacher's gain and its interval over items and replicates."""
     import csv
 
+    from rich.markup import escape
     from rich.table import Table
 
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     cols: tuple[str, ...] = ("task", "student", "regime", "answer", "distill?", "action")
-    cols += ("quoted teacher: gain [interval]", "best set")
+    cols += (escape("quoted teacher: gain [interval]"), "best set")  # [..] is not markup
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
     def pts(v: str) -> str:  # answers.csv holds points

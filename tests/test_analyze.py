@@ -1168,4 +1168,5 @@ def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path
     assert "keep_baseline" in lines["none"] and "t_a" not in lines["none"]
     # a tied best set: both named as the set, the quoted gain under its own header
     assert "use_any_of_best_set" in lines["any"] and "t_a, t_b" in lines["any"]
-    assert "quoted" in out.split("t_a +30.0")[0]  # the header says whose gain it is
+    header = " ".join(out.split("t_a +30.0")[0].split())
+    assert "quoted" in header and "[interval]" in header  # whose gain, and what the [..] holds
