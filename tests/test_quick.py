@@ -185,6 +185,34 @@ def test_ls_tasks_counts_the_items_of_an_own_task_under_its_data_dir(tmp_path):
     assert "train 6" not in row(elsewhere) and f"not under {tmp_path}" in elsewhere.stderr
 
 
+def test_an_own_task_without_its_files_fails_at_validate_and_plan(tmp_path):
+    """A task read from local files alone needs a data dir holding them: validate and plan say
+    so (exit 2, the task, the files, the key to set), not the first stage of a run."""
+    tasks_dir, data_dir = _own_task(tmp_path)
+    cfg = {
+        "name": "own", "task_paths": ["tasks"], "results_dir": "res",
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": ["my_sums"], "train": {"max_steps": 2},
+    }  # fmt: skip
+    no_env = {"COTGAP_DATA_DIR": ""}
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for cmd in ("validate", "plan"):
+        out = cotgap(cmd, str(path), cwd=tmp_path, env=no_env)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        said = " ".join(out.stderr.split())
+        assert "tasks[0]: task my_sums reads local files only (sums/train.jsonl, " in said
+        assert "set data_dir: in the config" in said
+    (data_dir / "sums" / "test.jsonl").unlink()
+    path.write_text(yaml.safe_dump({**cfg, "data_dir": "mine"}))
+    out = cotgap("validate", str(path), cwd=tmp_path, env=no_env)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and f"no file {data_dir / 'sums' / 'test.jsonl'};" in said, said
+    assert "sums/train.jsonl" not in said  # the file that is there is not named
+    assert not (tmp_path / "res").exists()
+
+
 def test_include_path_must_be_a_folder(tmp_path):
     out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
     assert out.returncode == 2 and "--include-path" in out.stderr

@@ -460,8 +460,8 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
     hub = spec.source.hub
     if hub is None:
         raise UserError(
-            f"task {spec.name} has no hub source ({spec.source.no_hub}); pass --data-dir DIR (or set "
-            f"COTGAP_DATA_DIR) with the original files: {_file_list(spec)}."
+            f"task {spec.name} has no hub source ({spec.source.no_hub}); give the folder with its "
+            f"files ({_file_list(spec)}) as data_dir: in a config, --data-dir or COTGAP_DATA_DIR."
         )
     try:
         import datasets
@@ -492,6 +492,39 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
                 rows.append(_Row(where, key, index, dict(row)))
                 index += 1
     return rows
+
+
+def files_problem(task: TaskSpec | str, data_dir: str | Path | None) -> str | None:
+    """Why a task's items cannot be read here, said before anything runs, or None: a task of
+    local files alone with no data dir, or a data dir (argument or $COTGAP_DATA_DIR) without a
+    file the task names (with a data dir every task but a sandbox one reads its files)."""
+    spec = task_spec(task)
+    src, root = spec.source, data_dir_or_env(data_dir)
+    if src.sandbox is not None:
+        return None
+    if root is None:
+        if src.hub is not None:
+            return None
+        return (
+            f"task {spec.name} reads local files only ({_file_list(spec)}) and no data dir is "
+            "given; set data_dir: in the config to the folder they are under (or --data-dir, "
+            "or $COTGAP_DATA_DIR)"
+        )
+    if src.files is None:
+        return None
+    missing = [
+        str(root / rel)
+        for paths in src.files.splits.values()
+        for rel in paths
+        if rel not in src.files.optional and not (root / rel).is_file()
+    ]
+    if not missing:
+        return None
+    return (
+        f"task {spec.name}: no file {', '.join(missing)}; its YAML ({_file_of(spec.name)}) names "
+        f"them under the data dir {root}: fix data_dir (or --data-dir, $COTGAP_DATA_DIR) or copy "
+        "the files there"
+    )
 
 
 def _file_list(spec: TaskSpec) -> str:
