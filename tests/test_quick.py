@@ -213,6 +213,19 @@ def test_an_own_task_without_its_files_fails_at_validate_and_plan(tmp_path):
     assert not (tmp_path / "res").exists()
 
 
+def test_eval_of_a_mistyped_folder_says_so_once_by_the_name_given(tmp_path):
+    """`cotgap eval models/x`: models/ is a folder here, so models/x is a local path (not a hub
+    id); the one model is evaluated in two roles, and its error is said once, by its own name."""
+    (tmp_path / "models" / "my-student").mkdir(parents=True)
+    out = cotgap("eval", "models/my-studnet", "--tasks", "sandbox_addition", "--limit", "2",
+                 cwd=tmp_path)  # fmt: skip
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in said, said
+    assert said.count("is not an existing directory") == 1, said
+    assert "model 'my-studnet': path " in said
+    assert f"did you mean '{tmp_path / 'models' / 'my-student'}'?" in said
+
+
 def test_include_path_must_be_a_folder(tmp_path):
     out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
     assert out.returncode == 2 and "--include-path" in out.stderr
