@@ -194,7 +194,16 @@ def validate(
 
 
 @ls_app.command("tasks")
-def ls_tasks(include_path: IncludePath = None) -> None:
+def ls_tasks(
+    include_path: IncludePath = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="directory with your tasks' data files (default $COTGAP_DATA_DIR): the items of "
+            "a task read from local files are counted there"
+        ),
+    ] = None,
+) -> None:
     """Every task with its version, splits, sizes and answer type."""
     from rich.table import Table
 
@@ -202,7 +211,9 @@ def ls_tasks(include_path: IncludePath = None) -> None:
     from harness.tasks import suite as tasks
 
     table = Table("task", "version", "answer type", "extractor", "splits")
-    for row in tasks.list_tasks_table():
+    root = tasks.data_dir_or_env(data_dir)
+    rows = tasks.list_tasks_table(root)
+    for row in rows:
         table.add_row(
             str(row["name"]),
             str(row["version"]),
@@ -211,6 +222,13 @@ def ls_tasks(include_path: IncludePath = None) -> None:
             str(row["splits"]),
         )
     _console(stderr=False).print(table)
+    unsized = [r["name"] for r in rows if r["source"] == "files only" and not r["sizes"]]
+    if unsized:
+        names = ", ".join(unsized)
+        if root:
+            _log(f"sizes of {names}: unknown, their data files are not under {root}")
+        else:
+            _log(f"sizes of {names}: counted from their data files with --data-dir DIR")
 
 
 @task_app.command("new")
@@ -390,19 +408,22 @@ def _print_summary(answers: Path) -> None:
     inconclusive, with the quoted teacher's gain and its interval over items and replicates."""
     import csv
 
+    from rich.markup import escape
     from rich.table import Table
 
     with open(answers, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     cols: tuple[str, ...] = ("task", "student", "regime", "answer", "distill?", "action")
-    cols += ("gain [interval]", "best set")
+    cols += (escape("quoted teacher: gain [interval]"), "best set")  # [..] is not markup
     table = Table(*cols, "replicates", title="answers (points; the report explains each word)")
 
     def pts(v: str) -> str:  # answers.csv holds points
         return "-" if v in ("", "nan") else f"{float(v):+.1f}"
 
     for r in rows:
-        gain = f"{r['teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
+        gain = (
+            f"{r['quoted_teacher']} {pts(r['gain'])} [{pts(r['gain_low'])}, {pts(r['gain_high'])}]"
+        )
         exploratory = " (exploratory)" if r["exploratory"] == "yes" else ""
         gain = gain.strip()  # no teacher is named where the answer is none
         table.add_row(r["task"], r["student"], r["regime"], r["answer"] + exploratory,

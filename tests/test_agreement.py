@@ -73,6 +73,10 @@ def test_every_output_states_the_same_decision(analysed: Path) -> None:
         assert float(a["gain"]) == round(100 * d["headline"]["gain"], 1)  # points
         va = viewer_answers[key]
         assert va[acol["answer"]] == d["answer"] and (va[acol["teacher"]] or "") == a["teacher"]
+        assert (va[acol["quoted_teacher"]] or "") == a["quoted_teacher"]
+        named = d["answer"] not in ("none", "inconclusive")  # a teacher is recommended
+        assert a["teacher"] == (d["answer"] if named else "")
+        assert a["quoted_teacher"] == ("" if none else d["headline"]["teacher"])
         # the report's answers-table row is the decision's own
         assert (
             report.md_table(report.ANSWER_HEADER, [report.answer_row(g)]).splitlines()[2]

@@ -599,12 +599,13 @@ def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> No
     assert first_table.startswith("| task | student | regime | base | answer | distill? |")
     for a in answers.itertuples():
         top = _largest_gain(a.student, a.regime)
-        assert (a.answer, a.distill, a.teacher, a.verdict) == (
+        assert (a.answer, a.distill, a.quoted_teacher, a.verdict) == (
             "inconclusive",
             "inconclusive",
             top["teacher"],
             "inconclusive",
         )
+        assert pd.isna(a.teacher)  # quoted, not recommended: the teacher column stays empty
         # points, rounded as the report prints them: one unit, no float noise
         assert (a.gain, a.gain_low, a.gain_high) == (
             round(100 * top["gain"], 1),
@@ -618,7 +619,7 @@ def test_answers_csv_is_the_reports_first_table_and_the_plots_agree(built) -> No
         assert a.effect_of_interest == 3.0
         assert _answer_row(report, a.student, a.regime).startswith(
             f"| {a.task} | {a.student} | {a.regime} | {a.base_acc:.1f} | {a.answer} "
-            f"(exploratory) | {a.distill} | {a.teacher} | {a.gain:+.1f} |"
+            f"(exploratory) | {a.distill} | {a.quoted_teacher} | {a.gain:+.1f} |"
         )
     text = (out / "answers.csv").read_text()
     assert not re.search(r"\d\.\d{5,}", text), text  # 0.024999999999999998 and the like
@@ -1127,6 +1128,13 @@ def test_answers_rows_say_what_to_do_with_empty_teacher_for_none() -> None:
     assert (rows["any"]["answer"], rows["any"]["distill"]) == ("inconclusive", "yes")
     assert rows["any"]["action"] == "use_any_of_best_set"
     assert rows["any"]["best_set"] == "t_a;t_b"
+    # teacher names only a recommended teacher: none of a tied best set, nor an unclear leader;
+    # the teacher whose gain a row quotes is named apart
+    assert rows["one"]["quoted_teacher"] == "t_a"
+    assert {rows[k]["teacher"] for k in ("any", "unclear", "explore")} == {""}
+    assert rows["any"]["quoted_teacher"] in ("t_a", "t_b")
+    assert rows["unclear"]["quoted_teacher"] == rows["explore"]["quoted_teacher"] == "t_a"
+    assert none["quoted_teacher"] == ""
     assert (rows["unclear"]["distill"], rows["unclear"]["action"]) == (
         "inconclusive", "need_more_data"
     )  # fmt: skip
@@ -1142,7 +1150,8 @@ def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path
     from harness import cli
 
     groups = {"one": _decision(0.5, {"t_a": 0.8, "t_b": 0.5}),
-              "none": _decision(0.5, {"t_a": 0.48, "t_b": 0.45})}  # fmt: skip
+              "none": _decision(0.5, {"t_a": 0.48, "t_b": 0.45}),
+              "any": _decision(0.5, {"t_a": 0.8, "t_b": 0.8})}  # fmt: skip
     table = analyze.answers_table(
         None,  # type: ignore[arg-type]  (not read)
         [
@@ -1152,7 +1161,12 @@ def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path
     )
     table.to_csv(tmp_path / "answers.csv", index=False)
     cli._print_summary(tmp_path / "answers.csv")
-    lines = {x.split("│")[1].strip(): x for x in capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = {x.split("│")[1].strip(): x for x in out.splitlines()
              if x.count("│") > 3 and x.split("│")[1].strip() in groups}  # fmt: skip
     assert "use_teacher" in lines["one"] and "t_a +30.0 [" in lines["one"]
     assert "keep_baseline" in lines["none"] and "t_a" not in lines["none"]
+    # a tied best set: both named as the set, the quoted gain under its own header
+    assert "use_any_of_best_set" in lines["any"] and "t_a, t_b" in lines["any"]
+    header = " ".join(out.split("t_a +30.0")[0].split())
+    assert "quoted" in header and "[interval]" in header  # whose gain, and what the [..] holds

@@ -58,7 +58,12 @@ class Workspace:
     def data(self) -> Path:
         return self.root / "data"
 
-    def config(self, mutate: Callable[[dict], None] | None = None) -> Path:
+    def config(
+        self, mutate: Callable[[dict], None] | None = None, folders: tuple[str, ...] | list = ()
+    ) -> Path:
+        """exp.yaml (after `mutate`), with `folders` made next to it."""
+        for folder in folders:
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
         cfg = {
             "name": "t",
             "results_dir": str(self.results),
@@ -451,6 +456,18 @@ CASES = {
         )
         for cmd in ("validate", "plan")
     },
+    # org/name where `org` is a folder next to the config: a mistyped local path, said at
+    # validate with the folder it was meant to be, not a hub id that fails at run time
+    "mistyped_model_under_a_folder_validate": _plain(
+        lambda ws: [
+            "validate",
+            ws.config(_set("students[0].path", "models/my-studnet"), folders=["models/my-student"]),
+        ],
+        "model 'small': path '",
+        f"{os.sep}models{os.sep}my-studnet' is not an existing directory",
+        f"did you mean '{os.sep}",
+        f"{os.sep}models{os.sep}my-student'?",
+    ),
     # --- CLI options ---
     "unknown_stage": _plain(
         lambda ws: ["run", ws.config(), "--only", "trian"],

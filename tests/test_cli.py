@@ -97,7 +97,7 @@ def test_usage_errors_print_the_usage_line_and_exit_2():
     for args, problem in [
         (["frobnicate"], "No such command 'frobnicate'"),
         (["run"], "Missing argument"),
-        (["ls", "tasks", "--data-dir", "x"], "No such option: --data-dir"),
+        (["ls", "tasks", "--limit", "3"], "No such option: --limit"),
     ]:
         out = cotgap(*args)
         assert out.returncode == 2, (args, out.returncode, out.stderr)

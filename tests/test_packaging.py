@@ -155,7 +155,10 @@ def test_validate_refuses_few_shot_prompts_that_cannot_be_found(tmp_path, monkey
     (tmp_path / "data" / "bbh" / "cot-prompts").mkdir(parents=True)
     shutil.copy(BBH_PROMPTS / "navigate.txt", tmp_path / "data" / "bbh" / "cot-prompts")
     problems = grid.expand_problems(_experiment(tmp_path / "data", "few_shot_cot"))
-    assert [p for p in problems if "bbh_navigate" in p] == []
+    assert [p for p in problems if "bbh_navigate" in p and "cot-prompts" in p] == []
+    # (its items are not there: that data dir is said to lack the task's file)
+    (left,) = [p for p in problems if "bbh_navigate" in p]
+    assert left.startswith("tasks[0]: task bbh_navigate: no file ")
 
 
 def test_validate_cli_exits_2_on_missing_few_shot_prompts(tmp_path):

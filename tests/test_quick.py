@@ -160,6 +160,72 @@ def test_task_paths_key_is_relative_to_the_config(tmp_path):
     assert flag.returncode == 0, flag.stderr
 
 
+def test_ls_tasks_counts_the_items_of_an_own_task_under_its_data_dir(tmp_path):
+    """A task read from local files has no `sizes` in its YAML: `ls tasks` counts its items
+    where its data dir is given (as `ls items` counts them), and says how where it is not."""
+    tasks_dir, data_dir = _own_task(tmp_path)
+    (data_dir / "sums" / "test.jsonl").write_text('{"question": "What is 1 + 1?", "answer": "2"}\n')
+
+    def row(out: subprocess.CompletedProcess) -> str:
+        assert out.returncode == 0, out.stderr
+        return next(x for x in out.stdout.splitlines() if "my_sums" in x)
+
+    no_env = {"COTGAP_DATA_DIR": ""}
+    counted = cotgap("ls", "tasks", "--include-path", str(tasks_dir), "--data-dir", str(data_dir),
+                     cwd=tmp_path, env=no_env)  # fmt: skip
+    assert "train 6 / test 1" in row(counted) and "my_sums" not in counted.stderr
+    from_env = cotgap("ls", "tasks", "--include-path", str(tasks_dir), cwd=tmp_path,
+                      env={"COTGAP_DATA_DIR": str(data_dir)})  # fmt: skip
+    assert "train 6 / test 1" in row(from_env)
+    unknown = cotgap("ls", "tasks", "--include-path", str(tasks_dir), cwd=tmp_path, env=no_env)
+    assert "train 6" not in row(unknown)
+    assert "sizes of my_sums: counted from their data files with --data-dir DIR" in unknown.stderr
+    elsewhere = cotgap("ls", "tasks", "--include-path", str(tasks_dir), "--data-dir",
+                       str(tmp_path), cwd=tmp_path, env=no_env)  # fmt: skip
+    assert "train 6" not in row(elsewhere) and f"not under {tmp_path}" in elsewhere.stderr
+
+
+def test_an_own_task_without_its_files_fails_at_validate_and_plan(tmp_path):
+    """A task read from local files alone needs a data dir holding them: validate and plan say
+    so (exit 2, the task, the files, the key to set), not the first stage of a run."""
+    tasks_dir, data_dir = _own_task(tmp_path)
+    cfg = {
+        "name": "own", "task_paths": ["tasks"], "results_dir": "res",
+        "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
+        "students": [{"name": "s", "path": "sandbox:student-xs"}],
+        "tasks": ["my_sums"], "train": {"max_steps": 2},
+    }  # fmt: skip
+    no_env = {"COTGAP_DATA_DIR": ""}
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for cmd in ("validate", "plan"):
+        out = cotgap(cmd, str(path), cwd=tmp_path, env=no_env)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        said = " ".join(out.stderr.split())
+        assert "tasks[0]: task my_sums reads local files only (sums/train.jsonl, " in said
+        assert "set data_dir: in the config" in said
+    (data_dir / "sums" / "test.jsonl").unlink()
+    path.write_text(yaml.safe_dump({**cfg, "data_dir": "mine"}))
+    out = cotgap("validate", str(path), cwd=tmp_path, env=no_env)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and f"no file {data_dir / 'sums' / 'test.jsonl'};" in said, said
+    assert "sums/train.jsonl" not in said  # the file that is there is not named
+    assert not (tmp_path / "res").exists()
+
+
+def test_eval_of_a_mistyped_folder_says_so_once_by_the_name_given(tmp_path):
+    """`cotgap eval models/x`: models/ is a folder here, so models/x is a local path (not a hub
+    id); the one model is evaluated in two roles, and its error is said once, by its own name."""
+    (tmp_path / "models" / "my-student").mkdir(parents=True)
+    out = cotgap("eval", "models/my-studnet", "--tasks", "sandbox_addition", "--limit", "2",
+                 cwd=tmp_path)  # fmt: skip
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in said, said
+    assert said.count("is not an existing directory") == 1, said
+    assert "model 'my-studnet': path " in said
+    assert f"did you mean '{tmp_path / 'models' / 'my-student'}'?" in said
+
+
 def test_include_path_must_be_a_folder(tmp_path):
     out = cotgap("ls", "tasks", "--include-path", str(tmp_path / "no"), cwd=tmp_path)
     assert out.returncode == 2 and "--include-path" in out.stderr

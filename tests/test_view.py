@@ -397,7 +397,15 @@ def test_the_page_carries_the_answers_legend_and_the_warnings(viewed, tmp_path: 
     and the analysis's warnings are listed: a weak run looks weak in the viewer too."""
     exp, _, index, _ = viewed
     legend = dict(index["answers"]["legend"])
-    assert set(legend) == {"answer", "distill", "action", "verdict", "exploratory"}
+    assert set(legend) == {
+        "answer",
+        "distill",
+        "action",
+        "quoted_teacher",
+        "verdict",
+        "exploratory",
+    }
+    assert "not a recommendation" in legend["quoted_teacher"]
     assert (
         legend["action"] == analyze.ANSWER_COLUMNS["action"] and "keep_baseline" in legend["action"]
     )

@@ -910,11 +910,13 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
             continue
         h = d["headline"]
         none = d["answer"] == teacher_level.ANSWERS_NONE
+        action = answer_action(d)
         rows.append(
             {"task": g["task"], "student": g["student"], "regime": g["regime"],
              "method": regimes.method_of(g["regime"]), "answer": d["answer"],
-             "distill": d["distill"], "action": answer_action(d),
-             "teacher": "" if none else h["teacher"], "gain": points(h["gain"]),
+             "distill": d["distill"], "action": action,
+             "teacher": h["teacher"] if action == "use_teacher" else "",
+             "quoted_teacher": "" if none else h["teacher"], "gain": points(h["gain"]),
              "gain_low": points(h["gain_low"]), "gain_high": points(h["gain_high"]),
              "verdict": h["verdict"], "clears_effect": d["clears_effect"],
              "base_acc": points(d["base_acc"]),
@@ -969,16 +971,19 @@ ANSWER_COLUMNS: dict[str, str] = {
     "distill": "does distilling beat not distilling: yes (a teacher is better than the baseline) "
     "| no (the answer is none) | inconclusive (no teacher is better, and one may still be)",
     "action": "what to do, for a script: " + " | ".join(f"{k}: {v}" for k, v in ACTIONS.items()),
-    "teacher": "the teacher whose gain the row quotes: the answer; else the teacher with the "
-    "largest gain that beats the baseline; else the largest point estimate; empty when the "
-    "answer is none (no teacher is recommended)",
-    "gain": "the quoted gain over the baseline, points, mean over replicates (answer none: the "
-    "largest gain of any teacher)",
+    "teacher": "the teacher to distill from: the answer where it names one (action "
+    "use_teacher); empty otherwise, where no single teacher is recommended (none, inconclusive, "
+    "exploratory: see `action` and `best_set`)",
+    "quoted_teacher": "the teacher whose gain, interval, verdict and clears_effect the row "
+    "quotes, not a recommendation: the answer; else the teacher with the largest gain that "
+    "beats the baseline; else the largest point estimate; empty when the answer is none",
+    "gain": "the quoted teacher's gain over the baseline, points, mean over replicates (answer "
+    "none: the largest gain of any teacher)",
     "gain_low": "lower end of its interval over test items and replicates, points (simultaneous "
     "over the group's comparisons, a max-t family, at the per-comparison `level`)",
     "gain_high": "upper end of that interval, points",
-    "verdict": "that teacher against the baseline: better | worse | equivalent | inconclusive",
-    "clears_effect": "does that teacher's gain clear the effect of interest: yes (its interval "
+    "verdict": "the quoted teacher against the baseline: better | worse | equivalent | inconclusive",
+    "clears_effect": "does the quoted teacher's gain clear the effect of interest: yes (its interval "
     "lies above +effect_of_interest) | no (below it; always on a `none` answer) | inconclusive",
     "base_acc": "the student's own baseline accuracy, points",
     "best_set": "confidence set for the best teacher (multiple comparisons with the best), names "

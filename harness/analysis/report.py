@@ -200,8 +200,8 @@ def answer_row(g: dict[str, Any]) -> list[str]:
             d["clears_effect"], "" if none else ", ".join(d["best_set"]), str(reps)]  # fmt: skip
 
 
-ANSWER_HEADER = ["task", "student", "regime", "base", "answer", "distill?", "teacher", "gain",
-                 "interval", "clears effect?", "best set", "replicates"]  # fmt: skip
+ANSWER_HEADER = ["task", "student", "regime", "base", "answer", "distill?", "quoted teacher",
+                 "gain", "interval", "clears effect?", "best set", "replicates"]  # fmt: skip
 
 
 def _answers(r: dict[str, Any]) -> str:
@@ -214,7 +214,10 @@ def _answers(r: dict[str, Any]) -> str:
         "Which teacher should each student distill from? One row per (task, student, regime), as "
         "in answers.csv. The gain is the quoted teacher's over the student's own baseline (base), "
         "pooled over its replicates (trace draws and training seeds); its interval covers test "
-        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}."
+        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}. The quoted "
+        "teacher is the answer where the answer names one; on an inconclusive row it is the "
+        "teacher with the largest gain, a description and not a recommendation (the answer and "
+        "the best set say what to do)."
     )
     verdicts = [
         "**a teacher**: it beats the baseline and is the only member of the best set (multiple "

@@ -189,8 +189,11 @@ def _relative_to(exp: Experiment, base: Path) -> Experiment:
         if p.startswith("gguf:") and (p.endswith(".gguf") or p.startswith(("gguf:.", "gguf:~"))):
             return "gguf:" + under(p.removeprefix("gguf:"))
         # absolute: a folder written as a relative path stays one even where it does not exist
-        # (a relative result would read as a hub id org/name and fail at run time, not validate)
+        # (a relative result would read as a hub id org/name and fail at run time, not validate);
+        # so does org/name where `org` is a folder next to the config (models/my-studnet, a typo)
         if p.startswith(("./", "../", "~")) or (":" not in p and (base / p).is_dir()):
+            return os.path.abspath(under(p))
+        if ":" not in p and len(Path(p).parts) > 1 and (base / Path(p).parts[0]).is_dir():
             return os.path.abspath(under(p))
         return p
 

@@ -10,7 +10,6 @@ complete on disk is skipped, so a killed run resumes and a second run computes n
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from collections.abc import Callable, Iterable
@@ -145,17 +144,7 @@ def split_sizes(exp: Experiment) -> dict[str, dict[str, int]]:
     """Items of each split of the experiment's tasks: the task file's `sizes`, else, for a task
     read from local files (no hub source), the items counted as `cotgap ls items` counts them;
     a split that cannot be counted here is left out (unknown)."""
-    out: dict[str, dict[str, int]] = {}
-    for t in exp.tasks:
-        spec = tasks.task_spec(t.name)
-        sizes = dict(tasks.split_sizes(spec))
-        if spec.source.hub is None and spec.source.sandbox is None:
-            for split in ("train", "test"):
-                if split not in sizes:  # a split without its file here stays unknown
-                    with contextlib.suppress(UserError):
-                        sizes[split] = len(tasks.load_items(spec, split, exp.data_dir))
-        out[t.name] = sizes
-    return out
+    return {t.name: tasks.counted_sizes(t.name, exp.data_dir) for t in exp.tasks}
 
 
 def _n_items(task: dict[str, Any], sizes: dict[str, dict[str, int]]) -> int:
@@ -576,8 +565,8 @@ def cost_lines(exp: Experiment, cells: list[Cell]) -> list[str]:
     lines.append(f"GPU-hours to run (upper bounds; throughput: {', '.join(sources) or '-'}):")
     for stage in ("generate", "evaluate", "train"):
         if stage in hours:
-            lines.append(f"  {stage}: {_amount(hours[stage], '.1f')}")
-    lines.append(f"  total: {_amount(sum(hours.values()), '.1f')}")
+            lines.append(f"  {stage}: {_hours(hours[stage])}")
+    lines.append(f"  total: {_hours(sum(hours.values()))}")
     for model, cost in estimate.served_cost(exp, tokens).items():
         price = "no price in costs.prices" if cost != cost else f"at most {cost:,.2f}"
         lines.append(f"  served {model}: completion tokens {price} (prompt tokens not included)")
@@ -638,8 +627,8 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
         f"{n} test items, replicate SD {a.replicate_sd:g} pts, true gains spread evenly over "
         "0-15 points; equal teachers race to the maximum)",
         f"  the grid's {groups} group(s): adapters at most {groups * high}, expected about "
-        f"{groups * mean:.0f}; GPU-hours to run at most {_amount(hours_high, '.1f')}, at least "
-        f"{_amount(hours_low, '.1f')}, expected about {_amount(hours_mean, '.1f')}",
+        f"{groups * mean:.0f}; GPU-hours to run at most {_hours(hours_high)}, at least "
+        f"{_hours(hours_low)}, expected about {_hours(hours_mean)}",
     ]
 
 
@@ -658,6 +647,11 @@ def _amount(x: float, spec: str) -> str:
         if x != x
         else f"{x:,{spec}}"
     )
+
+
+def _hours(x: float) -> str:
+    """GPU-hours to one decimal; some work that rounds to 0.0 is "under 0.1", never nothing."""
+    return "under 0.1" if 0 < x < 0.05 else _amount(x, ".1f")
 
 
 def _minutes(secs: float) -> str:

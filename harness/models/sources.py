@@ -10,6 +10,7 @@ path is one row of SOURCES: how to recognise it, what identifies it, where its d
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 import os
@@ -88,11 +89,17 @@ def _local_dir(spec: ModelSpec) -> str:
 
 
 def _missing(spec: ModelSpec) -> Any:
+    path = Path(spec.path).expanduser()
+    near = []
+    if path.parent.is_dir():  # a typo of a folder that is there
+        folders = [d.name for d in path.parent.iterdir() if d.is_dir()]
+        near = difflib.get_close_matches(path.name, folders, n=1, cutoff=0.6)
+    hint = f" (did you mean {str(path.parent / near[0])!r}?)" if near else ""
     raise UserError(
-        f"model {spec.name!r}: path {spec.path!r} is not an existing directory (a relative path "
-        "is taken relative to the config file's folder, on the command line to the working "
-        "directory); fix the path in the config, or give a "
-        "hub id (org/name), sandbox:<zoo model> or gguf:<file>."
+        f"model {spec.name!r}: path {spec.path!r} is not an existing directory (a relative path, "
+        "and org/name where a folder `org` is there, is taken relative to the config file's "
+        f"folder, on the command line to the working directory); fix the path in the config{hint}, "
+        "or give a hub id (org/name), sandbox:<zoo model> or gguf:<file>."
     )
 
 

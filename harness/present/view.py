@@ -329,7 +329,8 @@ def _studies(path: Path) -> dict[str, Any]:
     return out
 
 
-LEGEND = ("answer", "distill", "action", "verdict", "exploratory")  # the words a reader acts on
+# the words a reader acts on, and the teacher the row quotes without recommending it
+LEGEND = ("answer", "distill", "action", "quoted_teacher", "verdict", "exploratory")
 
 
 def _legend(columns: list[str]) -> list[list[str]]:
@@ -569,7 +570,7 @@ document.getElementById("meta").textContent =
 function answers() {
   const t = document.getElementById("answers"), A = IX.answers;
   if (!A) { t.replaceWith(el("p", {class: "note"}, "No answers.csv (an older analysis).")); return; }
-  const show = ["task","student","regime","base_acc","answer","distill","action","teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"]
+  const show = ["task","student","regime","base_acc","answer","distill","action","quoted_teacher","gain","gain_low","gain_high","clears_effect","best_set","n_replicates"]
     .filter(c => A.columns.includes(c));
   const ix = Object.fromEntries(A.columns.map((c, i) => [c, i]));
   t.tHead.append(el("tr", {}, ...show.map(c => el("th", {}, label(c)))));

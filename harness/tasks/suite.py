@@ -13,6 +13,7 @@ whichever copy was read. Without a data dir (argument or COTGAP_DATA_DIR) items 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -303,12 +304,28 @@ def split_sizes(task: TaskSpec | str) -> dict[str, int]:
     return _sizes(task_spec(task))
 
 
-def list_tasks_table() -> list[dict[str, Any]]:
-    """Rows for `cotgap ls tasks`: from the YAMLs alone, no data is read."""
+def counted_sizes(task: TaskSpec | str, data_dir: str | Path | None) -> dict[str, int]:
+    """Items of each split: the YAML's (`split_sizes`), else, for a task read from local files
+    alone (no hub source), its train and test items counted from its files under `data_dir` (or
+    $COTGAP_DATA_DIR) as `cotgap ls items` counts them; a split whose file cannot be read there
+    is left out (unknown)."""
+    spec = task_spec(task)
+    sizes = _sizes(spec)
+    if spec.source.hub is None and spec.source.sandbox is None:
+        for split in ("train", "test"):
+            if split not in sizes:
+                with contextlib.suppress(UserError):  # no file here: the size stays unknown
+                    sizes[split] = len(load_items(spec, split, data_dir))
+    return sizes
+
+
+def list_tasks_table(data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+    """Rows for `cotgap ls tasks`: from the YAMLs alone; with a `data_dir`, the items of a
+    local-file task whose YAML gives no sizes are counted from its files (`counted_sizes`)."""
     rows = []
     for name in task_names():
         spec = load_task(name)
-        sizes = _sizes(spec)
+        sizes = _sizes(spec) if data_dir is None else counted_sizes(spec, data_dir)
         if spec.source.sandbox is not None:
             source = f"sandbox:{spec.source.sandbox.generator}"
         else:
@@ -443,8 +460,8 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
     hub = spec.source.hub
     if hub is None:
         raise UserError(
-            f"task {spec.name} has no hub source ({spec.source.no_hub}); pass --data-dir DIR (or set "
-            f"COTGAP_DATA_DIR) with the original files: {_file_list(spec)}."
+            f"task {spec.name} has no hub source ({spec.source.no_hub}); give the folder with its "
+            f"files ({_file_list(spec)}) as data_dir: in a config, --data-dir or COTGAP_DATA_DIR."
         )
     try:
         import datasets
@@ -475,6 +492,39 @@ def _hub_rows(spec: TaskSpec, keys: Iterable[str]) -> list[_Row]:
                 rows.append(_Row(where, key, index, dict(row)))
                 index += 1
     return rows
+
+
+def files_problem(task: TaskSpec | str, data_dir: str | Path | None) -> str | None:
+    """Why a task's items cannot be read here, said before anything runs, or None: a task of
+    local files alone with no data dir, or a data dir (argument or $COTGAP_DATA_DIR) without a
+    file the task names (with a data dir every task but a sandbox one reads its files)."""
+    spec = task_spec(task)
+    src, root = spec.source, data_dir_or_env(data_dir)
+    if src.sandbox is not None:
+        return None
+    if root is None:
+        if src.hub is not None:
+            return None
+        return (
+            f"task {spec.name} reads local files only ({_file_list(spec)}) and no data dir is "
+            "given; set data_dir: in the config to the folder they are under (or --data-dir, "
+            "or $COTGAP_DATA_DIR)"
+        )
+    if src.files is None:
+        return None
+    missing = [
+        str(root / rel)
+        for paths in src.files.splits.values()
+        for rel in paths
+        if rel not in src.files.optional and not (root / rel).is_file()
+    ]
+    if not missing:
+        return None
+    return (
+        f"task {spec.name}: no file {', '.join(missing)}; its YAML ({_file_of(spec.name)}) names "
+        f"them under the data dir {root}: fix data_dir (or --data-dir, $COTGAP_DATA_DIR) or copy "
+        "the files there"
+    )
 
 
 def _file_list(spec: TaskSpec) -> str:

@@ -16,6 +16,8 @@ Each check returns `key path: problem; what to do` lines, all at once. The rules
 - `train.race` races over trace draws: `generate.seeds` lists `max_replicates` of them, and the
   first look has at least `analysis.min_replicates` (else it could stop nothing).
 - `tracking:` sections need their package installed (the `tracking` extra).
+- A task's items can be read: a task of local files alone has a data dir, and a data dir holds
+  the files of every task (with one, every task but a sandbox one reads its files).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from harness.tasks import suite as tasks
 def problems(exp: Experiment) -> list[str]:
     """Every problem of `exp`, one `key path: problem; what to do` line each."""
     return [
+        *_task_files(exp),
         *_extractor(exp),
         *_budget(exp),
         *_mix(exp),
@@ -76,6 +79,18 @@ def _budget(exp: Experiment) -> list[str]:
             "train.budget.align: batch trains the mix at the training's own batch, but "
             f"train.regimes {list(train.regimes)} has no mix; add mix or remove batch"
         )
+    return out
+
+
+def _task_files(exp: Experiment) -> list[str]:
+    out = []
+    for i, ref in enumerate(exp.tasks):
+        try:
+            problem = tasks.files_problem(ref.name, exp.data_dir)
+        except UserError:
+            continue  # an unloadable task is reported by the task checks
+        if problem:
+            out.append(f"tasks[{i}]: {problem}")
     return out
 
 

@@ -285,11 +285,15 @@ def expand_problems(exp: Experiment) -> list[str]:
     from harness.workflow import checks
 
     problems = checks.problems(exp)
-    for m in (*exp.teachers, *exp.students):
+    failed: set[str | None] = set()
+    for m in (*exp.students, *exp.teachers):
+        if m.path in failed and not m.served:  # one model in two roles (`cotgap eval`): said once
+            continue
         try:
             models.identity(m)
         except UserError as e:
             problems.append(str(e))
+            failed.add(m.path)
     for t in exp.tasks:
         try:
             task_identity(exp, t.name, "test")

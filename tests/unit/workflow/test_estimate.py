@@ -216,6 +216,8 @@ def test_plan_of_a_local_task_on_a_cpu_counts_its_items_and_says_the_wall_time(t
     assert "generated_tokens_max: 1,792" in text  # 14 train items x 2 samples x 64 tokens
     assert "eval_tokens_max: 2,688" in text  # 14 test items x 64 tokens: teacher, base, distilled
     assert "nan" not in text
+    # the tiny zoo's GPU-hours round to 0.0: said as an amount, never as no work at all
+    assert "total: under 0.1 CPU wall time" in text and ": 0.0 " not in text
     m = re.search(r"CPU wall time here, (\d+) cores .*? total: ([\d.]+) (s|min)", text)
     assert m and float(m.group(2)) > 0, text
 
