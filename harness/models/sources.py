@@ -89,7 +89,7 @@ def _local_dir(spec: ModelSpec) -> str:
 
 
 def _missing(spec: ModelSpec) -> Any:
-    path = Path(spec.path).expanduser()
+    path = Path(spec_path(spec)).expanduser()
     near = []
     if path.parent.is_dir():  # a typo of a folder that is there
         folders = [d.name for d in path.parent.iterdir() if d.is_dir()]
