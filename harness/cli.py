@@ -162,7 +162,8 @@ def validate(
     configs: Annotated[list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")],
     include_path: IncludePath = None,
 ) -> None:
-    """Check experiment YAML files: every error at once, with file, key path and suggestion."""
+    """Check experiment YAML files: file, key path and suggestion for every error of a kind:
+    all the fields' errors, then (once the fields parse) every task, model and data check."""
     _include(include_path)
     errors: list[str] = []
     for path in configs:
@@ -242,9 +243,9 @@ def task_new(
         ),
     ],
     answer_type: Annotated[str, typer.Option(help="number, choice or text")] = "number",
-    out: Annotated[Path, typer.Option(help="the task folder to write NAME.yaml into")] = Path(
-        "tasks"
-    ),
+    out: Annotated[
+        Path, typer.Option(help="the folder of your own tasks to write NAME.yaml into")
+    ] = Path("my-tasks"),
     force: Force = False,
 ) -> None:
     """Write a task file for JSONL items (fields question and answer; choices for choice tasks),

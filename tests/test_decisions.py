@@ -84,7 +84,7 @@ def test_plan_states_the_mde_of_the_reports_rule(tmp_path):
     mde = _gain_mde(line)
     power = teacher_level.gain_power(200, 0.5, mde, 3, 0.03, 1, sims=4000, seed=21)
     assert 0.75 <= power <= 0.85, (mde, power)
-    assert "the effect of interest is out of reach" in line
+    assert "; the effect of interest (3 pts) is out of reach" in line
     assert teacher_level.gain_power(200, 0.5, 0.03, 20, 0.03, 1, sims=2000, seed=22) < 0.8
     assert "20 replicates do not reach it" in line
 

@@ -35,7 +35,8 @@ def cotgap(*args: str, cwd: Path, env: dict | None = None) -> subprocess.Complet
 
 
 def _own_task(tmp_path: Path, answer_type: str = "number") -> tuple[Path, Path]:
-    """A data dir with mine/sums/{train,test}.jsonl and a `tasks/` folder written by task new."""
+    """A data dir with mine/sums/{train,test}.jsonl and the `my-tasks/` folder task new writes by
+    default (never the built-in `tasks/` of a checkout it is run in)."""
     data = tmp_path / "mine" / "sums"
     data.mkdir(parents=True)
     rows = [{"question": f"What is {a} + {a + 1}?", "answer": str(2 * a + 1)} for a in range(6)]
@@ -44,7 +45,8 @@ def _own_task(tmp_path: Path, answer_type: str = "number") -> tuple[Path, Path]:
     out = cotgap("task", "new", "my_sums", "--data", str(data), "--answer-type", answer_type,
                  cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    return tmp_path / "tasks", tmp_path / "mine"
+    assert not (tmp_path / "tasks").exists()
+    return tmp_path / "my-tasks", tmp_path / "mine"
 
 
 # --- own tasks -----------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def test_task_new_choice_and_pool_validate(tmp_path):
     out = cotgap("task", "new", "quiz", "--data", str(data), "--answer-type", "choice",
                  cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    spec = yaml.safe_load((tmp_path / "tasks" / "quiz.yaml").read_text())
+    spec = yaml.safe_load((tmp_path / "my-tasks" / "quiz.yaml").read_text())
     assert spec["source"]["files"]["splits"] == {"all": ["quiz/items.jsonl"]}
     assert spec["answer_type"] == "choice" and spec["fields"]["choices"] == "choices"
     again = cotgap("task", "new", "quiz", "--data", str(data), cwd=tmp_path)
@@ -131,7 +133,7 @@ def test_task_new_refuses_a_folder_without_jsonl(tmp_path):
     out = cotgap("task", "new", "x", "--data", str(tmp_path / "empty"), cwd=tmp_path)
     assert out.returncode == 2
     assert "train.jsonl and test.jsonl" in out.stderr
-    assert not (tmp_path / "tasks" / "x.yaml").exists()
+    assert not (tmp_path / "my-tasks" / "x.yaml").exists()
 
 
 def test_task_paths_key_is_relative_to_the_config(tmp_path):
@@ -139,7 +141,7 @@ def test_task_paths_key_is_relative_to_the_config(tmp_path):
     (tmp_path / "conf").mkdir()
     cfg = {
         "name": "own",
-        "task_paths": ["../tasks"],
+        "task_paths": ["../my-tasks"],
         "data_dir": "../mine",
         "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
         "students": [{"name": "s", "path": "sandbox:student-xs"}],
@@ -190,7 +192,7 @@ def test_an_own_task_without_its_files_fails_at_validate_and_plan(tmp_path):
     so (exit 2, the task, the files, the key to set), not the first stage of a run."""
     tasks_dir, data_dir = _own_task(tmp_path)
     cfg = {
-        "name": "own", "task_paths": ["tasks"], "results_dir": "res",
+        "name": "own", "task_paths": ["my-tasks"], "results_dir": "res",
         "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
         "students": [{"name": "s", "path": "sandbox:student-xs"}],
         "tasks": ["my_sums"], "train": {"max_steps": 2},

@@ -35,6 +35,11 @@ WORDS = {
 }
 
 
+def _epochs(x: float) -> str:
+    """Epochs as a reader counts them: 2 decimals below 10 (0.25, 3.75), whole numbers above."""
+    return f"{x:.2f}" if x < 10 else f"{x:.0f}"
+
+
 def write(out: Path, exp: Experiment, board: pd.DataFrame, result: dict[str, Any]) -> None:
     """Plots and report.md into `out` (a fresh directory that `analyze.run` swaps in): the answers
     first (header, setup, answers, warnings), then the appendices, each section once."""
@@ -179,7 +184,7 @@ def _setup(r: dict[str, Any]) -> str:
         each = "each" if len(steps) == 1 else "(different across adapters)"
         text += (
             f"; the {o['n_adapters']} adapters ran {', '.join(map(str, steps))} optimizer steps "
-            f"{each}, {o['epochs_min']:.2f}–{o['epochs_max']:.2f} epochs over their training sets"
+            f"{each}, {_epochs(o['epochs_min'])}–{_epochs(o['epochs_max'])} epochs over their training sets"
         )
     ev = ", ".join(f"{k}={v}" for k, v in r["eval_config"].items() if v not in (None, [], {}, ""))
     return (
@@ -723,8 +728,9 @@ def _leaderboard(board: pd.DataFrame) -> str:
     header = ["task", "student", "regime", "teacher", "replicate", "teacher acc", "base", "post"]
     header += ["adapter gain", "adapter CI (items only)", "teacher verdict", "no answer"]
     return (
-        "## Leaderboard (distilled cells)\n\nOne row per trained adapter; all rows, teacher and "
-        "baseline rows included, are in leaderboard.csv. An adapter's gain and CI cover the test "
+        "## Leaderboard (distilled cells)\n\nOne row per adapter of the design (a teacher that gave "
+        "no training example has its rows, with nothing trained: the baseline's accuracy, gain 0); "
+        "all rows, teacher and baseline rows included, are in leaderboard.csv. An adapter's gain and CI cover the test "
         "items only and describe that one adapter; the teacher verdict (the same in every row of "
         "a teacher) is the group's, over items and replicates. No answer: % of completions the "
         "extractor found no answer in.\n\n" + md_table(header, rows)

@@ -124,7 +124,8 @@ class Resources(Strict):
 
 
 class ModelSpec(Strict):
-    """A teacher or a student: a hub id, a local directory, or `sandbox:<zoo model>`."""
+    """A teacher or a student: a hub id, a local directory, `sandbox:<zoo model>` or
+    `gguf:<package>` (a GGUF file shipped in a pip package, docs/real-models.md)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     path: str | None = None

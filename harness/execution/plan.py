@@ -437,7 +437,7 @@ def detectable_gains(exp: Experiment, store: Store, grid: grids.Grid | None = No
             f"teacher vs teacher {_pts(diff)}"
         )
         if math.isnan(gain) or gain * 100 > effect:
-            line += f" [yellow]> {effect:g} pts: the effect of interest is out of reach[/]"
+            line += f"[yellow]; the effect of interest ({effect:g} pts) is out of reach[/]"
             more = _replicates_for(n, base, sd, m, 1 - a.ci, effect / 100, conc)
             line += f" ({more})" if more else ""
         lines.append(line)
@@ -480,7 +480,7 @@ def _replicate_sds(exp: Experiment) -> dict[tuple[str, str], float]:
 
 
 def _pts(x: float) -> str:
-    return "out of reach" if math.isnan(x) else f"{100 * x:.1f} pts"
+    return "none within reach" if math.isnan(x) else f"{100 * x:.1f} pts"
 
 
 def _replicates_for(

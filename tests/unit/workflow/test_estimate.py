@@ -198,7 +198,7 @@ def test_plan_of_a_local_task_on_a_cpu_counts_its_items_and_says_the_wall_time(t
     made = run("task", "new", "my_sums", "--data", str(data), "--answer-type", "number")
     assert made.returncode == 0, made.stderr
     cfg = {
-        "name": "local", "data_dir": "mine", "task_paths": ["tasks"],
+        "name": "local", "data_dir": "mine", "task_paths": ["my-tasks"],
         "results_dir": str(tmp_path / "res"),
         "teachers": [{"name": "t", "path": "sandbox:teacher-s"}],
         "students": [{"name": "s", "path": "sandbox:student-xs"}],
@@ -206,7 +206,7 @@ def test_plan_of_a_local_task_on_a_cpu_counts_its_items_and_says_the_wall_time(t
         "evaluate": {"max_tokens": 64}, "train": {"max_steps": 4},
     }  # fmt: skip
     (tmp_path / "local.yaml").write_text(yaml.safe_dump(cfg))
-    items = run("ls", "items", "my_sums", "--include-path", "tasks", "--data-dir", "mine")
+    items = run("ls", "items", "my_sums", "--include-path", "my-tasks", "--data-dir", "mine")
     assert "my_sums test: 14 items" in items.stderr
     out = run("plan", "local.yaml")
     assert out.returncode == 0, out.stderr
