@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -724,6 +727,22 @@ def test_a_set_that_dropped_over_long_examples_warns() -> None:
     )
     assert "raise train.max_length" in advice
     assert health._dataset(exp, cell, {"n_examples": 100, "n_dropped_overlong": 1}) == []
+
+
+def test_a_cell_without_answers_says_which_file_explain_reads() -> None:
+    """Completions that hold no answer warn with the command that shows why, and where its file
+    is: the options it names are `cotgap score`'s own."""
+    from harness.analysis import health
+
+    exp = _experiment(Path("/nonexistent"))
+    cell = next(c for c in grids.expand(exp).unique() if c.kind == "eval")
+    ((fact, advice),) = health._rates(cell, {"format_failure_rate": 1.0}, 12, "evaluate", 64)
+    assert fact == f"{cell.label}: 100% of 12 completions hold no answer the task's extractor reads"
+    assert "`cotgap score --explain --task TASK --predictions P`" in advice
+    assert "predictions.jsonl, linked under by-name/eval/" in advice
+    out = subprocess.run([sys.executable, "-m", "harness", "score", "--help"],
+                         capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert all(opt in out.stdout for opt in ("--explain", "--task", "--predictions")), out.stdout
 
 
 def test_report_follows_the_data(tmp_path: Path) -> None:

@@ -56,8 +56,10 @@ def _rates(c: Cell, s: dict[str, Any], n: int, section: str, max_tokens: int) ->
         out.append((
             f"{c.label}: {_pct(s['format_failure_rate'])} of {n} completions hold no answer the "
             "task's extractor reads",
-            " (`cotgap score --explain` shows what it reads); if the task's prompt already asks "
-            "for one ('The answer is ...'), the model does not follow it: try few-shot prompts "
+            " (`cotgap score --explain --task TASK --predictions P`, P the cell's "
+            "predictions.jsonl, linked under by-name/eval/ of the experiment's results, shows "
+            "what it reads); if the task's prompt already asks for one ('The answer is ...'), "
+            "the model does not follow it: try few-shot prompts "
             "(evaluate.prompt_style: few_shot_cot), the second answer pass "
             "(evaluate.answer_pass: true) or a larger model",
         ))  # fmt: skip
