@@ -1165,6 +1165,28 @@ def test_answers_rows_say_what_to_do_with_empty_teacher_for_none() -> None:
     assert rows["one"]["gain"] == 30.0
 
 
+def test_an_undecided_group_whose_students_write_no_answer_asks_to_fix_the_setup() -> None:
+    """More data cannot decide a group whose distilled students hold no answer in most
+    completions: its action is fix_setup, not need_more_data. A decided group keeps its action."""
+    rows = pd.DataFrame({"format_fail_rate": [1.0, 0.9, 0.75]})
+    assert analyze._no_answers(rows)
+    assert not analyze._no_answers(rows.assign(format_fail_rate=[1.0, 0.9, 0.2]))  # one answers
+    assert not analyze._no_answers(pd.DataFrame({"format_fail_rate": [math.nan]}))  # unknown
+    unclear = _decision(0.5, {"t_a": 0.53, "t_b": 0.5}, n=60)
+    decided = _decision(0.5, {"t_a": 0.8, "t_b": 0.5})
+    table = analyze.answers_table(
+        None,  # type: ignore[arg-type]  (not read)
+        [{"task": "unclear", "student": "s", "regime": "per_teacher", "decision": unclear,
+          "no_answers": True},
+         {"task": "decided", "student": "s", "regime": "per_teacher", "decision": decided,
+          "no_answers": True},
+         {"task": "plain", "student": "s", "regime": "per_teacher", "decision": unclear}],
+    )  # fmt: skip
+    actions = dict(zip(table["task"], table["action"], strict=True))
+    assert actions == {"unclear": "fix_setup", "decided": "use_teacher", "plain": "need_more_data"}
+    assert "fix_setup" in analyze.ANSWER_COLUMNS["action"]  # the CSV's own docs define it
+
+
 def test_the_terminal_summary_prints_answers_csv_in_its_own_words(tmp_path: Path, capsys) -> None:
     from harness import cli
 

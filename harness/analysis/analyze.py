@@ -727,6 +727,7 @@ def _group(
         "answer": decision["answer"] if decision else None,
         "correlations": exact_correlations(g),
         "degraded": _degraded(rows, decision),
+        "no_answers": _no_answers(rows),
         "delta_large": delta_large(g, decision, a.delta_large),
     }
 
@@ -910,7 +911,7 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
             continue
         h = d["headline"]
         none = d["answer"] == teacher_level.ANSWERS_NONE
-        action = answer_action(d)
+        action = answer_action(d, bool(g.get("no_answers")))
         rows.append(
             {"task": g["task"], "student": g["student"], "regime": g["regime"],
              "method": regimes.method_of(g["regime"]), "answer": d["answer"],
@@ -945,18 +946,35 @@ ACTIONS: dict[str, str] = {
     "analysis.min_replicates; nothing is claimed yet",
     "need_more_data": "the data cannot tell: more test items or replicates (`cotgap plan` gives "
     "the smallest gain they detect), or a larger effect_of_interest",
+    "fix_setup": "undecided, and most completions of every distilled eval of the group hold no "
+    "answer the extractor reads, so more data will not tell: fix the prompt, the answer format, "
+    "the teacher or the student first (the report's warnings say which)",
 }
 
 
-def answer_action(d: dict[str, Any]) -> str:
-    """What a decision asks its reader to do, one word of ACTIONS."""
+def answer_action(d: dict[str, Any], no_answers: bool = False) -> str:
+    """What a decision asks its reader to do, one word of ACTIONS. `no_answers`: most
+    completions of every distilled eval of the group hold no answer (`_no_answers`)."""
     if d["exploratory"]:
         return "add_replicates"
     if d["answer"] == teacher_level.ANSWERS_NONE:
         return "keep_baseline"
     if d["answer"] != teacher_level.INCONCLUSIVE:
         return "use_teacher"
-    return "use_any_of_best_set" if d["distill"] == "yes" else "need_more_data"
+    if d["distill"] == "yes":
+        return "use_any_of_best_set"
+    return "fix_setup" if no_answers else "need_more_data"
+
+
+def _no_answers(rows: pd.DataFrame) -> bool:
+    """Do most completions of every distilled row of a group hold no answer (format_fail_rate
+    above health.MOST)? Then an undecided group is a setup problem, not a lack of data."""
+    from harness.analysis.health import MOST
+
+    rates = pd.to_numeric(rows.get("format_fail_rate"), errors="coerce")
+    if rates is None or rates.empty or rates.isna().all():
+        return False
+    return bool((rates.dropna() > MOST).all())
 
 
 ANSWER_COLUMNS: dict[str, str] = {
