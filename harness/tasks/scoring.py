@@ -456,10 +456,11 @@ def explain(result: dict[str, Any]) -> str:
     parts = [f"{mark} {result['id']}  gold={result['gold']!r}"]
     for reading in ("strict", "flexible"):
         value, rule = result.get(reading), result.get(f"{reading}_rule")
+        span = result.get(f"{reading}_span")
+        where = f" [{rule}: {span}]" if rule and span else f" [{rule}]" if rule else ""
         if value is not None:
-            parts.append(f"{reading}={value!r} [{rule}: {result.get(f'{reading}_span') or ''}]")
+            parts.append(f"{reading}={value!r}{where}")
         else:
-            where = f" [{rule}: {result.get(f'{reading}_span')}]" if rule else ""
             parts.append(f"{reading}=None ({result.get(f'{reading}_reason')}){where}")
     return "  ".join(parts)
 

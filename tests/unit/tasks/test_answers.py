@@ -328,3 +328,15 @@ def test_extractors_read_adversarial_text():
 
 def test_math_equivalence_bounds_long_input():
     assert equivalent("math", "x+" * 400 + "1", "y") is False
+
+
+def test_explain_never_prints_an_empty_span():
+    """A reading whose rule recorded no span is shown with its rule alone, not `[rule: ]`."""
+    result = {"id": "a", "gold": "3", "correct": True, "strict": None, "strict_rule": None,
+              "strict_reason": "no answer statement", "flexible": "3",
+              "flexible_rule": "last_number", "flexible_span": ""}  # fmt: skip
+    line = explain(result)
+    assert "flexible='3' [last_number]" in line and ": ]" not in line
+    assert "strict=None (no answer statement)" in line
+    line = explain({**result, "flexible_span": "3 apples"})
+    assert "flexible='3' [last_number: 3 apples]" in line
