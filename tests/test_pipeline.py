@@ -134,6 +134,7 @@ def test_adding_a_teacher_runs_only_its_cells(first_run, tmp_path):
     }
 
 
+@pytest.mark.heavy  # test_agreement's grid runs paired draws end to end in make test
 def test_trace_draws_paired_with_training_seeds_run_end_to_end(tmp_path):
     """`generate.seeds: [0, 1]`, `train.seeds: [0, 1]`, paired: two traces cells per teacher
     sampled differently, each draw's sets built from its own traces, one adapter per draw, and
