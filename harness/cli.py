@@ -162,8 +162,8 @@ def validate(
     configs: Annotated[list[Path], typer.Argument(help="experiment YAML files", metavar="CONFIG")],
     include_path: IncludePath = None,
 ) -> None:
-    """Check experiment YAML files: file, key path and suggestion for every error of a kind:
-    all the fields' errors, then (once the fields parse) every task, model and data check."""
+    """Check experiment YAML files: file, key path and suggestion for every error: the fields'
+    and the unknown tasks at once, then (once the fields parse) the model and data checks."""
     _include(include_path)
     errors: list[str] = []
     for path in configs:

@@ -359,6 +359,14 @@ CASES = {
         _set("tasks", ["gsm8kk"]),
         "tasks[0].name: unknown task 'gsm8kk'; did you mean 'gsm8k'?",
     ),
+    "unknown_key_and_task_at_once": _raw_cfg_case(
+        "validate",
+        "name: t\ntrain: {max_stepz: 10}\nteachers: [{name: a, path: 'sandbox:teacher-l'}]\n"
+        "students: [{name: b, path: 'sandbox:student-s'}]\n"
+        "tasks: [sandbox_coin_flip, {name: sandbox_additon, test_limit: 5}]\n",
+        "train.max_stepz: unknown key; did you mean 'max_steps'?",
+        "tasks[1].name: unknown task 'sandbox_additon'; did you mean 'sandbox_addition'?",
+    ),
     "unknown_extractor": _cfg_case(
         "run",
         _set("evaluate.extractor", "numbr"),

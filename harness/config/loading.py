@@ -219,9 +219,17 @@ def _relative_to(exp: Experiment, base: Path) -> Experiment:
 
 
 def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
-    """Read and validate an experiment YAML; every error is reported at once. Relative paths are
-    resolved against the file's directory (`_relative_to`)."""
-    exp = _relative_to(parse(Experiment, read_yaml(path), str(path)), Path(path).parent)
+    """Read and validate an experiment YAML; every error is reported at once: the fields', and
+    the task names beside them (read from the YAML as written where a field is wrong). Relative
+    paths are resolved against the file's directory (`_relative_to`)."""
+    raw = read_yaml(path)
+    try:
+        exp = _relative_to(parse(Experiment, raw, str(path)), Path(path).parent)
+    except UserError as e:
+        more = _raw_task_problems(raw, path) if check_tasks else []
+        if more:
+            raise UserError("\n".join([str(e), *more])) from None
+        raise
     missing = [
         f"{path}: task_paths[{i}]: no folder {p}; create it or fix the path"
         for i, p in enumerate(exp.task_paths)
@@ -231,13 +239,38 @@ def load_experiment(path: str | Path, check_tasks: bool = True) -> Experiment:
         raise UserError("\n".join(missing))
     include_task_paths(exp.task_paths)
     if check_tasks:
-        known = task_names()
-        problems = []
-        for i, t in enumerate(exp.tasks):
-            if t.name not in known:
-                near = difflib.get_close_matches(t.name, known, n=1, cutoff=0.6)
-                hint = f"did you mean {near[0]!r}?" if near else "see `cotgap ls tasks`"
-                problems.append(f"{path}: tasks[{i}].name: unknown task {t.name!r}; {hint}")
+        problems = _unknown_tasks([t.name for t in exp.tasks], path)
         if problems:
             raise UserError("\n".join(problems))
     return exp
+
+
+def _unknown_tasks(names: list[str], path: str | Path) -> list[str]:
+    """One error per task name that no task folder holds, with the nearest known name."""
+    known = task_names()
+    problems = []
+    for i, name in enumerate(names):
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            hint = f"did you mean {near[0]!r}?" if near else "see `cotgap ls tasks`"
+            problems.append(f"{path}: tasks[{i}].name: unknown task {name!r}; {hint}")
+    return problems
+
+
+def _raw_task_problems(raw: Any, path: str | Path) -> list[str]:
+    """The unknown task names of a config whose fields did not validate, read from the YAML as
+    written (each task a name or a mapping with `name`; `task_paths` taken relative to the
+    file, only the folders that exist), so that validate names them beside the fields' errors.
+    Best effort: anything it cannot read is left to the next validate."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
+        return []
+    folders = raw.get("task_paths") or []
+    if isinstance(folders, list):
+        base = Path(path).parent
+        found = [base / Path(p).expanduser() for p in folders if isinstance(p, str)]
+        include_task_paths([d for d in found if d.is_dir()])
+    names = [t if isinstance(t, str) else t.get("name") if isinstance(t, dict) else None
+             for t in raw["tasks"]]  # fmt: skip
+    if not all(isinstance(n, str) for n in names):
+        return []
+    return _unknown_tasks([str(n) for n in names], path)
