@@ -971,10 +971,10 @@ def _no_answers(rows: pd.DataFrame) -> bool:
     above health.MOST)? Then an undecided group is a setup problem, not a lack of data."""
     from harness.analysis.health import MOST
 
-    rates = pd.to_numeric(rows.get("format_fail_rate"), errors="coerce")
-    if rates is None or rates.empty or rates.isna().all():
+    if "format_fail_rate" not in rows:
         return False
-    return bool((rates.dropna() > MOST).all())
+    rates = pd.to_numeric(rows["format_fail_rate"], errors="coerce").dropna()
+    return not rates.empty and bool((rates > MOST).all())
 
 
 ANSWER_COLUMNS: dict[str, str] = {
