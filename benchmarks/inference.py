@@ -14,8 +14,9 @@ Prints, as Markdown tables for benchmarks/README.md:
    in a grid of 4 tasks x 2 students decided together (`decide_groups`, the replicate variance
    borrowed across the grid) and in a grid of one group: the error of better/worse against the
    truth's direction, the false-teacher rate and the leader named, with equal teachers, one
-   erratic, t(3) replicate effects, teacher effects shared across tasks and teacher x task
-   effects of SD 5 points (`inference.grid_rates`);
+   erratic, t(3) replicate effects, teacher effects shared across tasks, teacher x task
+   effects of SD 5 and 10 points, and the leader route's least favourable case (the best
+   teacher exactly at the baseline: naming it is wrong) (`inference.grid_rates`);
 3. "none" at the boundary: one teacher's true gain exactly the effect of interest;
 4. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
@@ -100,6 +101,8 @@ GRID = {  # accs of the teachers (baseline 30%) and the spread of their replicat
     "four equal, t(3)": dict(accs=[0.3] * 4, rep_df=3),
     "+6, +3, 0, 0 on every task": dict(accs=[0.36, 0.33, 0.3, 0.3]),
     "teacher x task SD 5": dict(accs=[0.3] * 4, task_sd=0.05),
+    "teacher x task SD 10": dict(accs=[0.3] * 4, task_sd=0.10),
+    "best at the baseline, 2 others 10 below": dict(accs=[0.3, 0.2, 0.2]),
     "10-point lead, 2 teachers": dict(accs=[0.4, 0.3]),
     "10-point lead, 3 teachers": dict(accs=[0.4, 0.3, 0.3]),
     "10-point lead, 4 teachers": dict(accs=[0.4, 0.3, 0.3, 0.3]),
@@ -107,8 +110,9 @@ GRID = {  # accs of the teachers (baseline 30%) and the spread of their replicat
 
 
 def grid(runs: int) -> list[str]:
-    lines = ["| grid | teachers' truth | groups | error of better/worse | false teacher | leader named "
-             "| none |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| grid | teachers' truth | groups | error of better/worse | false teacher "
+             "| of which not the best | leader named | none |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for tasks, students in ((4, 2), (1, 1)):
         for k, (name, kw) in enumerate(GRID.items()):
             n_runs = runs * 8 // (tasks * students)
@@ -116,7 +120,8 @@ def grid(runs: int) -> list[str]:
                                students=students, **kw)  # fmt: skip
             lead = f"{r['named']:.3f}" if "lead" in name else "–"
             lines.append(f"| {tasks} x {students} | {name} | {n_runs * tasks * students} | "
-                         f"{r['error']:.3f} | {r['false']:.3f} | {lead} | {r['none']:.3f} |")  # fmt: skip
+                         f"{r['error']:.3f} | {r['false']:.3f} | {r['not_best']:.3f} | {lead} | "
+                         f"{r['none']:.3f} |")  # fmt: skip
     return lines
 
 

@@ -178,6 +178,21 @@ def family_level(base: np.ndarray, posts: list[np.ndarray]) -> float:
     return 1 - tail
 
 
+def naming_level(base: np.ndarray, posts: list[np.ndarray]) -> float:
+    """The two-sided level of the interval a named teacher's answer row quotes in a grid of one
+    task (no leader: the best-set route at all of alpha): its lower bound is the one-sided
+    max-t test over the m gains, whose tail lies between alpha / m and alpha."""
+    from harness.stats import teacher_level
+
+    m = len(posts)
+    units = [np.atleast_2d(p).astype(float) for p in posts]
+    cov = teacher_level.arm_covariance(base.astype(float), units, teacher_level.pool(units))
+    gains = teacher_level._weights(m, [(i, None) for i in range(m)])
+    tail = teacher_level.simultaneous_tail(gains, cov, 0.05, two_sided=False)
+    assert 0.05 / m <= tail <= 0.05
+    return 1 - 2 * tail
+
+
 def group_level(student: str, regime: str, flips: dict | None = None) -> float:
     return family_level(
         _base_vector(student), list(_vectors(student, regime, flips or FLIPS).values())
@@ -761,10 +776,13 @@ def test_report_follows_the_data(tmp_path: Path) -> None:
     v, base = _vectors("s_a", "per_teacher", flips), _base_vector("s_a")
     # both seeds score the same items: no replicate spread, the interval is Bonett-Price's
     level = group_level("s_a", "per_teacher", flips)
-    low, high = interval_by_hand(v["t_large"], base, level, replicates=2)
-    assert low > 0  # by hand: the rule calls it better
+    assert interval_by_hand(v["t_large"], base, level, replicates=2)[0] > 0  # the rule: better
     for other in ("t_small", "t_mid"):
         assert interval_by_hand(v["t_large"], v[other], level, replicates=2)[0] > 0
+    # the answer row quotes the test that named it (one task: the best set's route)
+    low, high = interval_by_hand(
+        v["t_large"], base, naming_level(base, list(v.values())), replicates=2
+    )
     assert _answer_row(report, "s_a", "per_teacher") == (
         f"| {TASK} | s_a | per_teacher | 50.0 | t_large | yes | t_large | +40.0 | "
         f"[{signed(low)}, {signed(high)}] | {'yes' if low > 0.03 else 'inconclusive'} | "

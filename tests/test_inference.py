@@ -45,9 +45,9 @@ def test_equal_teachers_hold_the_family_wise_error_and_the_false_teacher_rate(ca
 
 def test_a_ten_point_lead_is_named_without_false_teachers():
     """One teacher truly 10 points ahead of the other and of the baseline (200 items, 3
-    replicates, a 3.5-point SD of replicate accuracy, item concordance 0.5): the answer names it
-    in a third of the groups (a measured 33% at 2 teachers; 14% at 4, benchmarks/README.md), and
-    never another teacher."""
+    replicates, a 3.5-point SD of replicate accuracy, item concordance 0.5), in a group decided
+    alone (no other task, so no leader): the answer names it in a third of the groups
+    (benchmarks/README.md has the measured rates), and never another teacher."""
     base, arms = inf.simulate(np.random.default_rng(4), 300, 200, 0.3, [0.4, 0.3], 3, 0.035)
     _, false, named, _ = inf.answer_rates(base, arms, leader="t0")
     assert named >= 0.25
@@ -210,6 +210,8 @@ GRID_NULLS = {  # 2 tasks x 2 students, three teachers, 3 replicates, seed SD 3.
     "t(3) replicate effects": dict(accs=[0.3] * 3, rep_df=3),
     "teacher effects shared across tasks": dict(accs=[0.36, 0.33, 0.3]),
     "teacher x task effects of SD 5 points": dict(accs=[0.3] * 3, task_sd=0.05),
+    # the other task's leader is often not this task's best: the leader route costs power there
+    "teacher x task effects of SD 10 points": dict(accs=[0.3] * 3, task_sd=0.10),
 }
 
 
@@ -225,11 +227,14 @@ def test_borrowing_across_the_grid_holds_the_error_rates(case):
     assert rates["false"] <= 0.025
 
 
-def test_borrowing_across_the_grid_names_a_ten_point_leader_in_half_the_groups():
-    """One teacher 10 points ahead of the other and of the baseline in every group of a 4 tasks x
-    2 students grid (200 items, 3 replicates, seed SD 3.5 points): named in at least half of the
-    groups (a measured 52% over 800 groups, benchmarks/README.md; here 320 groups, Monte Carlo
-    SD 2.8 points allowed twice), no other teacher named."""
-    rates = inf.grid_rates(np.random.default_rng(22), 40, [0.4, 0.3])
-    assert rates["named"] >= 0.5 - 2 * 0.028
+@pytest.mark.parametrize("teachers", [2, 3])
+def test_borrowing_across_the_grid_names_a_ten_point_leader_in_half_the_groups(teachers):
+    """One teacher 10 points ahead of the others and of the baseline in every group of a 4 tasks
+    x 2 students grid (200 items, 3 replicates, seed SD 3.5 points): named in at least half of
+    the groups, mostly as the leader the other tasks put first (measured 68% with 2 teachers,
+    61% with 3 over 800 groups, benchmarks/README.md; here 320 groups, Monte Carlo SD 2.8
+    points), no other teacher named."""
+    accs = [0.4] + [0.3] * (teachers - 1)
+    rates = inf.grid_rates(np.random.default_rng(22), 40, accs)
+    assert rates["named"] >= 0.5
     assert rates["false"] <= 0.025

@@ -464,7 +464,7 @@ def compare_groups(
     taken a look."""
     draws = {k: (base, {t: draws_of(r) for t, r in ts.items()}) for k, (base, ts) in groups.items()}
     decided, record = teacher_level.decide_groups(
-        draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates
+        draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates, teacher_level.other_task
     )
     out = {}
     for key, dec in decided.items():

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from harness.config.schema import Experiment
-from harness.stats import racing
+from harness.stats import racing, teacher_level
 from harness.workflow import grid as grids
 from harness.workflow.race import adapters_per_draw, race_plan
 
@@ -60,7 +60,9 @@ def run(
         for key, (base, teachers) in groups.items()
     }
     a = exp.analysis
-    return racing.race_groups(draws, plan, a.effect_of_interest / 100, a.min_replicates)
+    return racing.race_groups(
+        draws, plan, a.effect_of_interest / 100, a.min_replicates, teacher_level.other_task
+    )
 
 
 def summary(exp: Experiment, race: racing.Race, teachers: list[str]) -> dict[str, Any]:

@@ -219,15 +219,22 @@ def _answers(r: dict[str, Any]) -> str:
         "Which teacher should each student distill from? One row per (task, student, regime), as "
         "in answers.csv. The gain is the quoted teacher's over the student's own baseline (base), "
         "pooled over its replicates (trace draws and training seeds); its interval covers test "
-        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}. The quoted "
+        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}; a named "
+        "teacher's row quotes the interval of the test that named it (below). The quoted "
         "teacher is the answer where the answer names one; on an inconclusive row it is the "
         "teacher with the largest gain, a description and not a recommendation (the answer and "
         "the best set say what to do)."
     )
     verdicts = [
-        "**a teacher**: it beats the baseline and is the only member of the best set (multiple "
-        "comparisons with the best: the teachers no other is shown above; a wrong teacher is "
-        f"named at most {100 * (1 - a['ci']):g}% of the time); distill from it. **clears "
+        "**a teacher**: it beats the baseline and is shown the best teacher of the group, by "
+        "one of two routes that share alpha, so a wrong teacher (not the best, or not above the "
+        f"baseline) is named at most {100 * (1 - a['ci']):g}% of the time: the **leader**, the "
+        "teacher the grid's other tasks put first (chosen from data this group does not "
+        f"hold), beats every other teacher and the baseline, each one-sided at {_share(a, decided)}; "
+        "or it is the only member of the best set (multiple comparisons with the best: the "
+        "teachers no other is shown above) at the rest of alpha and its gain clears a one-sided "
+        "max-t over the group's gains. Its row quotes the interval of the test that named it "
+        "(two-sided; its lower bound is that test's). Distill from it. **clears "
         f"effect?** says whether its gain is shown above {effect} (yes), below (no), or neither",
         f"**none**: no teacher beats the baseline, and every teacher's gain is shown below "
         f"{effect} (each one-sided at {100 * (1 - a['ci']):g}%, an intersection-union test at "
@@ -250,6 +257,7 @@ def _answers(r: dict[str, Any]) -> str:
             intro,
             md_table(ANSWER_HEADER, [answer_row(g) for g in decided]),
             "\n".join(f"- {v}." for v in verdicts),
+            _named_by(decided),
             _two_replicates(decided),
             _replicate_cost(r, decided),
             _race(decided),
@@ -273,6 +281,28 @@ def _multiplicity(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
         "simultaneous over the group's comparisons (each teacher against the baseline and "
         f"against each other, one max-t family; family-wise {alpha:g}%)"
     )
+
+
+def _share(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
+    """The leader route's one-sided level, in words (its share of alpha)."""
+    shares = {g["decision"].get("multiplicity", {}).get("leader_share") for g in decided}
+    share = max((x for x in shares if x is not None), default=0.8)
+    return f"{100 * share * (1 - a['ci']):g}% ({share:g} of alpha)"
+
+
+def _named_by(decided: list[dict[str, Any]]) -> str:
+    """Which route named each named teacher (`teacher_level._name`)."""
+    routes: dict[str, list[str]] = {"leader": [], "best_set": []}
+    for g in decided:
+        route = g["decision"].get("named_by", "")
+        if route in routes:
+            routes[route].append(f"{g['task']} / {g['student']} / {g['regime']}")
+    if not any(routes.values()):
+        return ""
+    words = {"leader": "as the leader the other tasks put first",
+             "best_set": "as the only member of the group's best set"}  # fmt: skip
+    parts = [f"{words[k]}: {', '.join(v)}" for k, v in routes.items() if v]
+    return "**How each teacher was named:** " + "; ".join(parts) + "."
 
 
 def _two_replicates(decided: list[dict[str, Any]]) -> str:

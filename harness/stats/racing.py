@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +154,7 @@ def race_groups(
     race_plan: Plan,
     effect: float = 0.03,
     min_replicates: int = 3,
+    borrow: Callable[[Any, Any], bool] | None = None,
 ) -> dict[Any, Race]:
     """Replay every group's race over the replicates at hand, all groups in step (one look per
     round, as the grid trains its rounds), each look decided as `teacher_level.decide_groups`
@@ -161,7 +162,8 @@ def race_groups(
     nominal level. `groups`: key -> (baseline 0/1, teacher -> its draws in replicate order); a
     teacher may have more draws than the race uses (they are ignored). A look is taken only when
     every open group's running teachers have its replicates, since the borrowed variance reads
-    every group: the race then stops there and `Race.needs` says what to train next."""
+    every group: the race then stops there and `Race.needs` says what to train next. `borrow`: as
+    `teacher_level.decide_groups` takes it, each look's leaders from the replicates used so far."""
     races = {g: Race(running=list(teachers)) for g, (_, teachers) in groups.items()}
     for k, r in enumerate(race_plan.looks):
         open_ = [g for g, race in races.items() if not race.done]
@@ -175,12 +177,16 @@ def race_groups(
             for t, n_used in races[g].replicates.items():
                 arms.setdefault(t, []).append(tl.replicate_units(teachers[t][:n_used]))
         prior = tl.teacher_priors(arms)
+        used = {
+            g: (base, {t: teachers[t][: races[g].replicates[t]] for t in teachers})
+            for g, (base, teachers) in groups.items()
+        }
+        lead = tl.leaders(used, borrow) if borrow is not None else {}
         level = race_plan.levels[k]
         for g in open_:
             base, teachers = groups[g]
             race = races[g]
-            draws = {t: teachers[t][: race.replicates[t]] for t in teachers}
-            d = tl.decide_group(base, draws, level, effect, min_replicates, prior)
+            d = tl.decide_group(base, used[g][1], level, effect, min_replicates, prior, lead.get(g))
             race.looks.append(d)
             keep = set(needed(d, effect))
             for t in race.running:
