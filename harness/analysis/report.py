@@ -219,8 +219,7 @@ def _answers(r: dict[str, Any]) -> str:
         "Which teacher should each student distill from? One row per (task, student, regime), as "
         "in answers.csv. The gain is the quoted teacher's over the student's own baseline (base), "
         "pooled over its replicates (trace draws and training seeds); its interval covers test "
-        f"items and replicates at {_levels(decided)}, {_multiplicity(a, decided)}; a named "
-        "teacher's row quotes the interval of the test that named it (below). The quoted "
+        f"items and replicates{_interval_levels(a, decided)}. The quoted "
         "teacher is the answer where the answer names one; on an inconclusive row it is the "
         "teacher with the largest gain, a description and not a recommendation (the answer and "
         "the best set say what to do)."
@@ -263,6 +262,21 @@ def _answers(r: dict[str, Any]) -> str:
             _race(decided),
         ]
     ).rstrip()
+
+
+def _interval_levels(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
+    """The quoted intervals' levels, in words: a named teacher's row quotes the test that named
+    it, the others the group's simultaneous family."""
+    named = [g for g in decided if g["decision"].get("named_by")]
+    other = [g for g in decided if not g["decision"].get("named_by")]
+    parts = []
+    if named:
+        parts.append(f"on a row that names a teacher, the interval of the test that named it "
+                     f"(below; {_levels(named)})")  # fmt: skip
+    if other:
+        parts.append(f"{'on the others, ' if named else ''}at {_levels(other)}, "
+                     f"{_multiplicity(a, other)}")  # fmt: skip
+    return (": " if named else " ") + "; ".join(parts)
 
 
 def _levels(decided: list[dict[str, Any]]) -> str:
