@@ -17,10 +17,12 @@ Prints, as Markdown tables for benchmarks/README.md:
    erratic, t(3) replicate effects, teacher effects shared across tasks, teacher x task
    effects of SD 5 and 10 points, and the leader route's least favourable case (the best
    teacher exactly at the baseline: naming it is wrong) (`inference.grid_rates`);
-3. "none" at the boundary: one teacher's true gain exactly the effect of interest;
-4. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
+3. every claim by grid size (2-12 tasks, 2-4 students, 2-8 teachers): equal teachers, a
+   teacher x task spread, a 10-point leader;
+4. "none" at the boundary: one teacher's true gain exactly the effect of interest;
+5. coverage of the teacher-level gain, teacher-difference and accuracy intervals at 50 and 200
    items, accuracies from 2% to 98%, groups of four teachers with 3 replicates at a 2-point SD;
-5. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed).
+6. power of the rule at the MDE `cotgap plan` states (fresh simulations, another seed).
 (The cross-group tests are benchmarks/studies.py's.)
 The synthetic model is `inference.simulate`; tests/test_inference.py asserts the bounds.
 """
@@ -125,6 +127,35 @@ def grid(runs: int) -> list[str]:
     return lines
 
 
+SIZES = [  # tasks, students, teachers: the issue's range of grids
+    (2, 2, 2),
+    (2, 4, 8),
+    (12, 2, 3),
+    (12, 4, 8),
+]
+
+
+def sizes(runs: int) -> list[str]:
+    """Every claim by grid size, with all teachers equal (and a teacher x task spread of 5
+    points), and with one teacher 10 points ahead on every task: `runs` grids per row, fewer for
+    the larger grids (at least 200 groups)."""
+    lines = ["| tasks x students | teachers | truth | groups | error of better/worse "
+             "| false teacher | of which not the best | leader named | none |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for k, (tasks, students, m) in enumerate(SIZES):
+        n_runs = max(runs * 8 // (tasks * students), 200 // (tasks * students) + 1)
+        for name, kw in (("equal", dict(accs=[0.3] * m)),
+                         ("equal, teacher x task SD 5", dict(accs=[0.3] * m, task_sd=0.05)),
+                         ("10-point lead", dict(accs=[0.4] + [0.3] * (m - 1)))):  # fmt: skip
+            r = inf.grid_rates(np.random.default_rng(2000 + k), n_runs, tasks=tasks,
+                               students=students, **kw)  # fmt: skip
+            lead = f"{r['named']:.3f}" if "lead" in name else "–"
+            lines.append(f"| {tasks} x {students} | {m} | {name} | {n_runs * tasks * students} | "
+                         f"{r['error']:.3f} | {r['false']:.3f} | {r['not_best']:.3f} | {lead} | "
+                         f"{r['none']:.3f} |")  # fmt: skip
+    return lines
+
+
 def none_level(runs: int) -> list[str]:
     lines = ["| items | teachers' true gains (pts) | none |", "|---|---|---|"]
     for n, accs in ((400, [0.53, 0.4, 0.4]), (400, [0.53, 0.53, 0.53]), (1000, [0.53, 0.5])):
@@ -160,13 +191,16 @@ def power() -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=600)
-    p.add_argument("--only", help="comma-separated sections: fwer,lead,grid,none,coverage,power")
+    p.add_argument(
+        "--only", help="comma-separated sections: fwer,lead,grid,sizes,none,coverage,power"
+    )
     args = p.parse_args()
     runs = args.runs
     sections = {
         "fwer": ("Family-wise error, four equal teachers (baseline 30%)", lambda: fwer(runs)),
         "lead": ("A 10-point lead, 200 items, replicate SD 3.5", lambda: lead(runs)),
         "grid": ("Borrowing across a grid, 200 items, 3 replicates, SD 3.5", lambda: grid(runs)),
+        "sizes": ("Grids of 2-12 tasks, 2-4 students, 2-8 teachers", lambda: sizes(runs)),
         "none": ("None at the effect of interest (3 points)", lambda: none_level(runs)),
         "coverage": ("Coverage, 3 replicates, 2-point replicate SD", lambda: coverage(runs)),
         "power": ("Power at the stated MDE", power),

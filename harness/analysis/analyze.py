@@ -982,11 +982,13 @@ ANSWER_COLUMNS: dict[str, str] = {
     "student": "student model",
     "regime": "training-set regime (with @align when budgets are aligned, +method unless sft)",
     "method": "distillation method: sft | kd | on_policy",
-    "answer": "a teacher's name: distill from it (it beats the baseline and is the only member "
-    "of the best set) | none: no teacher can beat the baseline by `effect_of_interest` (every "
+    "answer": "a teacher's name: distill from it (it beats the baseline and is shown the best: "
+    "the leader the grid's other tasks put first, or the only member of the best set; "
+    "[The teacher named](statistics.md#the-teacher-named)) | none: no teacher can beat the baseline by `effect_of_interest` (every "
     "gain interval lies below it); a smaller gain is not ruled out, and a teacher's own verdict "
     "may still be inconclusive | inconclusive: neither",
-    "distill": "does distilling beat not distilling: yes (a teacher is better than the baseline) "
+    "distill": "does distilling beat not distilling: yes (a teacher is named, or better than the "
+    "baseline) "
     "| no (the answer is none) | inconclusive (no teacher is better, and one may still be)",
     "action": "what to do, for a script: " + " | ".join(f"{k}: {v}" for k, v in ACTIONS.items()),
     "teacher": "the teacher to distill from: the answer where it names one (action "
@@ -997,15 +999,18 @@ ANSWER_COLUMNS: dict[str, str] = {
     "beats the baseline; else the largest point estimate; empty when the answer is none",
     "gain": "the quoted teacher's gain over the baseline, points, mean over replicates (answer "
     "none: the largest gain of any teacher)",
-    "gain_low": "lower end of its interval over test items and replicates, points (simultaneous "
-    "over the group's comparisons, a max-t family, at the per-comparison `level`)",
+    "gain_low": "lower end of its interval over test items and replicates, points: for a named "
+    "teacher, the two-sided interval of the test that named it (its lower bound is that test); "
+    "otherwise simultaneous over the group's comparisons (a max-t family), at the "
+    "per-comparison `level`",
     "gain_high": "upper end of that interval, points",
     "verdict": "the quoted teacher against the baseline: better | worse | equivalent | inconclusive",
     "clears_effect": "does the quoted teacher's gain clear the effect of interest: yes (its interval "
     "lies above +effect_of_interest) | no (below it; always on a `none` answer) | inconclusive",
     "base_acc": "the student's own baseline accuracy, points",
     "best_set": "confidence set for the best teacher (multiple comparisons with the best), names "
-    "separated by ';': every teacher no other is shown above; empty when the answer is none",
+    "separated by ';': every teacher no other is shown above; the named teacher alone when one "
+    "is named; empty when the answer is none",
     "n_replicates": "fewest replicate units of any teacher in the group",
     "exploratory": "yes when a teacher has fewer than analysis.min_replicates replicates: "
     "nothing is claimed; else no",
