@@ -90,6 +90,11 @@ def test_plan_says_too_few_before_any_compute_with_how_many_are_needed():
            "teachers[/] (has 3: p can reach 0.333 at best" in text  # fmt: skip
     assert "each gap bin: [yellow]too few: needs ≥ 6 teachers" in text
     assert "student size x teacher property: [yellow]too few: needs ≥ 5 students" in text
+    # two tasks: each group's leader comes from the other one
+    assert lines[-1].endswith("each group's leader is read from the other 1 task(s), tested at "
+                              "0.8 alpha; its own best set at the rest")  # fmt: skip
+    one = exp.model_copy(update={"tasks": exp.tasks[:1]})
+    assert "[yellow]one task: no other task to read a leader from[/]" in plan.claim_lines(one)[-1]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)

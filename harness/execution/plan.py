@@ -368,7 +368,27 @@ def claim_lines(exp: Experiment) -> list[str]:
                 f"p can reach {c['smallest_p']:.3g} at best, above {c['level']:.3g}); the "
                 "report will say 'too few'"
             )
+    lines.append(_leader_line(len(exp.tasks), n_t))
     return lines
+
+
+def _leader_line(n_tasks: int, n_teachers: int) -> str:
+    """Whether a group can name a teacher as the leader its grid's other tasks put first
+    (docs/statistics.md, "The teacher named")."""
+    head = "  the teacher named, per group: "
+    if n_teachers < 2:
+        return head + "one teacher: named when its gain is shown (one-sided, at alpha)"
+    if n_tasks < 2:
+        return (
+            head + "[yellow]one task: no other task to read a leader from[/]; each group names a "
+            "teacher by its own best set at all of alpha (about half the power of a grid of "
+            "several tasks at 3 replicates, benchmarks/README.md); a second task with the same "
+            "teachers adds the leader route"
+        )
+    return (
+        head + f"each group's leader is read from the other {n_tasks - 1} task(s), tested at "
+        "0.8 alpha; its own best set at the rest"
+    )
 
 
 # A baseline at 50% has the most discordant items, so assuming it where none is measured gives the
