@@ -736,9 +736,9 @@ def _name(
       one-sided max-t quantile of the m gains (when every gain is at most 0, some teacher's does
       at most that often).
 
-    With m teachers equal, 3 replicates and seed SD 3.5 points the leader route names one in
-    about 0.8 alpha / m of groups, and the route holds its level with a teacher x task spread of
-    the truth (benchmarks/README.md, "The teacher named")."""
+    The measured rates (equal teachers, one erratic, t(3) replicate effects, teacher x task
+    spreads, the leader's least favourable case, grids of 2-12 tasks and 2-8 teachers) are in
+    benchmarks/README.md, "Borrowing across a grid" and "Grids of 2-12 tasks"."""
     m = len(names)
     rest = alpha
     if leader is not None and leader in arms and m > 1:
