@@ -80,8 +80,13 @@ def test_the_reduced_ladder_gives_every_row_it_implies(ladder):
     scored = [r for r in board if r["n_test"]]  # not a row whose training set came out empty
     assert scored and all(int(r["n_test"]) == 6 for r in scored)
     assert {r["engine"] for r in scored} == {"vllm"}
-    trained = [r for r in board if r["row_type"] == "distilled" and r["n_test"]]
-    assert trained and all(int(r["n_train_examples"]) > 0 for r in trained)
+    rows = [r for r in board if r["row_type"] == "distilled"]
+    trained = [r for r in rows if int(r["n_train_examples"] or 0) > 0]
+    assert trained and all(r["n_test"] for r in trained)
+    # a teacher that gave no training example (SmolLM2 solves almost none) keeps its rows,
+    # with nothing trained: the baseline's accuracy and a gain of 0
+    for r in (r for r in rows if int(r["n_train_examples"] or 0) == 0):
+        assert float(r["post_acc"]) == float(r["base_acc"]) and float(r["gain"]) == 0.0
     # cached and resumable: the same config again computes nothing
     again = cotgap("run", str(root.parent.parent / "ladder.yaml"), timeout=600)
     assert sum(computed(root).values()) == 0, again.stdout[-2000:]
