@@ -984,9 +984,9 @@ ANSWER_COLUMNS: dict[str, str] = {
     "method": "distillation method: sft | kd | on_policy",
     "answer": "a teacher's name: distill from it (it beats the baseline and is shown the best: "
     "the leader the grid's other tasks put first, or the only member of the best set; "
-    "[The teacher named](statistics.md#the-teacher-named)) | none: no teacher can beat the baseline by `effect_of_interest` (every "
-    "gain interval lies below it); a smaller gain is not ruled out, and a teacher's own verdict "
-    "may still be inconclusive | inconclusive: neither",
+    "[The teacher named](statistics.md#the-teacher-named)) | none: no teacher can beat the "
+    "baseline by `effect_of_interest` (every gain interval lies below it); a smaller gain is not "
+    "ruled out, and a teacher's own verdict may still be inconclusive | inconclusive: neither",
     "distill": "does distilling beat not distilling: yes (a teacher is named, or better than the "
     "baseline) "
     "| no (the answer is none) | inconclusive (no teacher is better, and one may still be)",

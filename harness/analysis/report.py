@@ -299,8 +299,10 @@ def _multiplicity(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
 
 def _share(a: dict[str, Any], decided: list[dict[str, Any]]) -> str:
     """The leader route's one-sided level, in words (its share of alpha)."""
+    from harness.stats import teacher_level
+
     shares = {g["decision"].get("multiplicity", {}).get("leader_share") for g in decided}
-    share = max((x for x in shares if x is not None), default=0.8)
+    share = max((x for x in shares if x is not None), default=teacher_level.LEADER_SHARE)
     return f"{100 * share * (1 - a['ci']):g}% ({share:g} of alpha)"
 
 

@@ -375,6 +375,8 @@ def claim_lines(exp: Experiment) -> list[str]:
 def _leader_line(n_tasks: int, n_teachers: int) -> str:
     """Whether a group can name a teacher as the leader its grid's other tasks put first
     (docs/statistics.md, "The teacher named")."""
+    from harness.stats import teacher_level
+
     head = "  the teacher named, per group: "
     if n_teachers < 2:
         return head + "one teacher: named when its gain is shown (one-sided, at alpha)"
@@ -387,7 +389,7 @@ def _leader_line(n_tasks: int, n_teachers: int) -> str:
         )
     return (
         head + f"each group's leader is read from the other {n_tasks - 1} task(s), tested at "
-        "0.8 alpha; its own best set at the rest"
+        f"{teacher_level.LEADER_SHARE:g} alpha; its own best set at the rest"
     )
 
 
