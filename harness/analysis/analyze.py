@@ -317,20 +317,37 @@ def leaderboard(
                     rows.append({**_teacher_columns(of), **_draw_columns(reader, d), **row})
     board = pd.DataFrame(rows)
     board["screened_out"] = board["adapter_key"].map(screening.screened_out(grid, store))
+    prior_out = race.screened_out(exp, grid, store)
+    if prior_out:  # train.race.prior with start: teachers that never race
+        keys = zip(board["task"], board["student"], board["regime"], board["teacher"], strict=True)
+        why = [
+            prior_out.get((t, s, r), {}).get(teacher, {}).get("why") for t, s, r, teacher in keys
+        ]
+        mask = (board["row_type"] == "distilled").to_numpy() & pd.notna(pd.Series(why)).to_numpy()
+        board["screened_out"] = board["screened_out"].astype(object)
+        board.loc[mask, "screened_out"] = pd.Series(why)[mask].to_numpy()
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)
     board = board.astype({c: float for c in board.columns if c.endswith(("_acc", "_size"))})
     groups = dict(_group_arms(reader, board))
+    for key, out in prior_out.items():  # the race and its answer are among the teachers raced
+        if key in groups:
+            groups[key] = (
+                groups[key][0],
+                {t: r for t, r in groups[key][1].items() if t not in out},
+            )
     gated = _gated(exp, grid, store)
     raced = {}
     if exp.train.race:  # a task gated by pre-selection has no groups to wait for
         expected = {k for k in race.group_keys(grid) if k[0] not in gated}
         raced = race.run(exp, groups, expected)
+    summaries = {
+        k: race.summary(exp, r, [*groups[k][1], *prior_out.get(k, {})], prior_out.get(k, {}))
+        for k, r in raced.items()
+    }
     decisions = compare_groups(
-        exp.analysis,
-        groups,
-        {k: (r.decision, race.summary(exp, r, list(groups[k][1]))) for k, r in raced.items()},
+        exp.analysis, groups, {k: (r.decision, summaries[k]) for k, r in raced.items()}
     )
     for key, rows_of in board[board["row_type"] == "distilled"].groupby(_GROUP, sort=False):
         if key in decisions:  # teachers whose every replicate had nothing to train on
@@ -354,7 +371,8 @@ def race_round(exp: Experiment, store: Store) -> list[Cell]:
     cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new."""
     decisions = leaderboard(exp, store)[3]
     summaries = {k: d["race"] for k, d in decisions.items() if "race" in d}
-    return race_cells.round_cells(exp, grids.expand(exp), summaries)
+    grid = grids.expand(exp)
+    return race_cells.round_cells(exp, grid, summaries, race.entrants(exp, grid, store))
 
 
 def _skipped_by_design(grid: grids.Grid, store: Store, board: pd.DataFrame, gated: set[str]) -> set:
@@ -926,9 +944,16 @@ def answers_table(exp: Experiment, groups: list[dict[str, Any]]) -> pd.DataFrame
              "exploratory": "yes" if d["exploratory"] else "no", "n_items": d["n_items"],
              "level": points(h["level"], 2), "effect_of_interest": points(d["effect"]),
              "replicates": ";".join(f"{t['teacher']}:{t['n_replicates']}" for t in d["teachers"]),
-             "adapters_saved": d["race"]["adapters_saved"] if "race" in d else None}
+             "adapters_saved": d["race"]["adapters_saved"] if "race" in d else None,
+             "screened_out": _screened(d)}
         )  # fmt: skip
     return pd.DataFrame(rows, columns=list(ANSWER_COLUMNS))
+
+
+def _screened(d: dict[str, Any]) -> str:
+    """answers.csv's `screened_out`: name:rank of each teacher the race's prior left out."""
+    out = d.get("race", {}).get("screened_out", {})
+    return ";".join(f"{t}:{entry['rank']}" for t, entry in out.items())
 
 
 def points(x: float, digits: int = 1) -> float:
@@ -1022,6 +1047,8 @@ ANSWER_COLUMNS: dict[str, str] = {
     "train.race, the trace draws the race gave it)",
     "adapters_saved": "under train.race: adapters the race did not train against the uniform "
     "design (every teacher at max_replicates); empty without a race",
+    "screened_out": "under train.race.prior with start: the teachers that did not race, "
+    "name:rank separated by ';'; the answer is about the teachers that raced",
 }
 
 

@@ -11,6 +11,7 @@ the first incomplete one count, so the race reads the same replicates however a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,9 @@ import numpy as np
 
 from harness.config.schema import Experiment
 from harness.stats import racing, teacher_level
+from harness.store import Store
 from harness.workflow import grid as grids
+from harness.workflow.cells import SCREEN_DIRECTION
 from harness.workflow.race import adapters_per_draw, race_plan
 
 
@@ -65,10 +68,16 @@ def run(
     )
 
 
-def summary(exp: Experiment, race: racing.Race, teachers: list[str]) -> dict[str, Any]:
+def summary(
+    exp: Experiment,
+    race: racing.Race,
+    teachers: list[str],
+    screened: Mapping[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """What answers.csv, analysis.json and the report say of one group's race: the trace draws
-    each teacher got, the look at which each stopped, and the adapters against the uniform
-    design (every teacher at max_replicates)."""
+    each teacher got, the look at which each stopped, the teachers its prior screened out
+    (`screened`: teacher -> its prior value, rank and why), and the adapters against the uniform design (every teacher of
+    `teachers` at max_replicates)."""
     plan = race_plan(exp)
     assert plan is not None
     per = adapters_per_draw(exp)
@@ -85,6 +94,7 @@ def summary(exp: Experiment, race: racing.Race, teachers: list[str]) -> dict[str
         "levels": list(plan.levels),
         "running": list(race.running),
         "next_replicates": race.next_replicates,
+        "screened_out": dict(screened or {}),
     }
 
 
@@ -104,3 +114,78 @@ def beyond(exp: Experiment, grid: grids.Grid, races: Mapping[Any, racing.Race]) 
         else:
             used |= shared
     return out - used
+
+
+def prior_ranks(
+    exp: Experiment, grid: grids.Grid, store: Store
+) -> dict[tuple, list[tuple[str, float]]] | None:
+    """Under train.race.prior: each (task, student, regime) group's teachers, best first, with
+    their prior value: the screen signal of the teacher's first trace draw for that student and
+    regime, or the teacher's own test accuracy (teacher_acc). None until every value is computed.
+    Ties keep the config's teacher order; an unscreenable set (no examples) ranks last."""
+    race_cfg = exp.train.race
+    assert race_cfg is not None and race_cfg.prior is not None
+    prior, first = race_cfg.prior, exp.generate.trace_seeds[0]
+    direction = 1 if prior == "teacher_acc" else SCREEN_DIRECTION[prior]
+    values: dict[tuple, dict[str, float]] = {}
+    for (task, _, teacher, regime, draw, _), d in grid.distilled.items():
+        group = (task, d.eval.model, d.eval.regime)
+        if draw != first or teacher in values.get(group, {}):
+            continue
+        if prior == "teacher_acc":
+            cell: Any = grid.teachers.get((task, teacher))
+            kind = "eval"
+        else:
+            cell, kind = grid.screens.get((task, d.eval.model, teacher, regime, draw)), "screen"
+        manifest = store.manifest(kind, cell.key) if cell is not None else None
+        if manifest is None:
+            return None
+        summary = manifest.get("summary") or {}
+        value = summary.get("accuracy" if prior == "teacher_acc" else prior)
+        empty = kind == "screen" and not summary.get("n_examples")
+        ok = value is not None and value == value and not empty
+        values.setdefault(group, {})[teacher] = (
+            float(value) if ok and value is not None else math.nan
+        )
+    ranked = {}
+    for group, by_teacher in values.items():
+        keyed = [
+            (-direction * v if v == v else math.inf, i, t)
+            for i, (t, v) in enumerate(by_teacher.items())
+        ]
+        ranked[group] = [(t, by_teacher[t]) for _, _, t in sorted(keyed)]
+    return ranked
+
+
+def entrants(exp: Experiment, grid: grids.Grid, store: Store) -> dict[tuple, list[str]] | None:
+    """Each group's teachers that race under train.race.prior (the `start` best-ranked, or all,
+    best first); None without a prior or until the prior is computed."""
+    race_cfg = exp.train.race
+    if race_cfg is None or race_cfg.prior is None:
+        return None
+    ranks = prior_ranks(exp, grid, store)
+    if ranks is None:
+        return None
+    k = race_cfg.start or len(exp.teachers)
+    return {g: [t for t, _ in r[:k]] for g, r in ranks.items()}
+
+
+def screened_out(
+    exp: Experiment, grid: grids.Grid, store: Store
+) -> dict[tuple, dict[str, dict[str, Any]]]:
+    """Per group, each teacher the prior left out of the race: its prior value, its rank, and
+    why it did not race (`why`, the board's `screened_out`)."""
+    race_cfg = exp.train.race
+    if race_cfg is None or race_cfg.prior is None or race_cfg.start is None:
+        return {}
+    ranks = prior_ranks(exp, grid, store) or {}
+    out: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for group, ranked in ranks.items():
+        for r, (teacher, value) in enumerate(ranked[race_cfg.start :], start=race_cfg.start + 1):
+            why = (
+                f"screened out by train.race.prior: {race_cfg.prior} {value:.4g}, rank {r} of "
+                f"{len(ranked)}, the best {race_cfg.start} raced"
+            )
+            entry = {"signal": race_cfg.prior, "value": value, "rank": r, "why": why}
+            out.setdefault(group, {})[teacher] = entry
+    return out

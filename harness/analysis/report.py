@@ -353,11 +353,25 @@ def _race(decided: list[dict[str, Any]]) -> str:
         f"{uniform - used} saved ({(uniform - used) / uniform:.0%}). Each look decides at its "
         f"own level ({levels} from the first look to the last: alpha spent over the looks, "
         "docs/statistics.md \"Racing\"), and a group's answer is its last look's."
+        + _screened_line(raced)
         + (
             f" {running} group(s) are still racing: `cotgap run` trains their next round."
             if running
             else ""
         )
+    )
+
+
+def _screened_line(raced: list[dict[str, Any]]) -> str:
+    """Under train.race.prior with start: the teachers that never raced, and what that means."""
+    out = sum(len(x.get("screened_out", {})) for x in raced)
+    if not out:
+        return ""
+    return (
+        f" The race's prior (train.race.prior) screened out {out} teacher row(s) over the "
+        f"{len(raced)} groups before any training (answers.csv `screened_out`, with each one's "
+        "rank): each answer is about the teachers its group raced, and a teacher screened out "
+        "is neither ruled out nor measured."
     )
 
 

@@ -340,6 +340,10 @@ class OnPolicyConfig(Strict):
     max_new_tokens: int = Field(256, gt=0, description="longest sampled completion")
 
 
+# a screen signal (ScreenConfig.signal's) or the teacher's own test accuracy
+RacePrior = Literal["rsr", "nll", "mean_rank", "top1", "top5", "local_nll", "teacher_acc"]
+
+
 class Race(Strict):
     """Race the teachers (harness/stats/racing.py): every teacher starts with `min_replicates`
     trace draws; after each round a teacher out of the best set and no longer needed against the
@@ -352,6 +356,18 @@ class Race(Strict):
     max_replicates: int = Field(
         ..., ge=2, description="trace draws a contender gets at most: the number of generate.seeds"
     )
+    prior: RacePrior | None = Field(
+        None,
+        description="rank each group's teachers before any training: a screen signal of their "
+        "first trace draw (needs a `screen:` section) or teacher_acc (the teacher's own test "
+        "accuracy), computed before any adapter; with start, it decides which teachers race",
+    )
+    start: int | None = Field(
+        None,
+        ge=1,
+        description="with prior: how many of each group's teachers race, the best-ranked; the "
+        "others are screened out (reported with their rank, never trained). Unset: all race",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Race:
@@ -359,6 +375,11 @@ class Race(Strict):
             raise ValueError(
                 f"min_replicates {self.min_replicates} is above max_replicates "
                 f"{self.max_replicates}; give a minimum at or below the maximum"
+            )
+        if self.start is not None and self.prior is None:
+            raise ValueError(
+                f"start: {self.start} needs a prior to rank the teachers by; add prior (e.g. "
+                "mean_rank or teacher_acc) or drop start"
             )
         return self
 
@@ -801,6 +822,26 @@ class Experiment(Strict):
         if self.train.replicates == "paired":
             return list(zip(draws, seeds, strict=True))
         return [(d, s) for d in draws for s in seeds]
+
+    @model_validator(mode="after")
+    def _race_prior(self) -> Experiment:
+        race = self.train.race
+        if race is None or race.prior is None:
+            return self
+        if race.prior != "teacher_acc" and self.screen is None:
+            raise ValueError(
+                f"train.race.prior: {race.prior} is a screen signal, and this config has no "
+                "`screen:` section to compute it; add `screen: {}` (one forward pass of each "
+                "student over each training set) or use prior: teacher_acc"
+            )
+        if race.prior == "local_nll" and not (self.screen and self.screen.local_window):
+            raise ValueError("train.race.prior: local_nll needs screen.local_window > 0")
+        if race.start is not None and race.start > len(self.teachers):
+            raise ValueError(
+                f"train.race.start: {race.start} is more than the {len(self.teachers)} teachers; "
+                "give at most that many (or drop start: every teacher races)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _cost_models(self) -> Experiment:

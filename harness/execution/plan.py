@@ -622,12 +622,27 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     design = race.race_plan(exp)
     if design is None:
         return []
-    a, m = exp.analysis, len(exp.teachers)
+    a, race_cfg = exp.analysis, exp.train.race
+    assert race_cfg is not None
+    m = race_cfg.start or len(exp.teachers)  # with a prior, the start best-ranked race
+    # before the prior is computed it is not known which teachers race: the cost is the same
+    # for any `m` of them, so the plan prices the first m of the config
+    entrants = {
+        (t, d.eval.model, d.eval.regime): [x.name for x in exp.teachers[:m]]
+        for (t, *_), d in grid.distilled.items()
+    }
     first = schedule.closure(
-        list(grid.unique()), race.round_cells(exp, grid, {}), store, grid.gates
+        list(grid.unique()), race.round_cells(exp, grid, {}, entrants), store, grid.gates
     )
     done = {c.key for c in todo}
     least = [c for c in first if c.key in done]
+    if race_cfg.start is not None:  # at most: the m raced teachers at the maximum
+        at_most = {g: {"replicates": {}, "running": ts, "next_replicates": design.max_replicates}
+                   for g, ts in entrants.items()}  # fmt: skip
+        most = schedule.closure(
+            list(grid.unique()), race.round_cells(exp, grid, at_most, entrants), store, grid.gates
+        )
+        todo = [c for c in most if c.key in done]
     sizes = split_sizes(exp)
     n = min((_n_items(c.config.get("task", {}), sizes) for c in grid.baselines.values()), default=0)
     per_group = m * race.adapters_per_draw(exp)
@@ -642,9 +657,15 @@ def race_lines(exp: Experiment, store: Store, grid: grids.Grid, todo: list[Cell]
     groups = len({(t, d.eval.model, d.eval.regime) for (t, *_), d in grid.distilled.items()})
     hours_high, hours_low = _gpu_hours(exp, todo), _gpu_hours(exp, least)
     hours_mean = hours_low + share * (hours_high - hours_low)
+    screened = (
+        f" ({len(exp.teachers) - m} of {len(exp.teachers)} screened out by train.race.prior: "
+        f"{race_cfg.prior} before any training)"
+        if m < len(exp.teachers)
+        else ""
+    )
     return [
         f"race (train.race: {design.looks[0]} to {design.max_replicates} trace draws, alpha spent over "
-        f"{len(design.looks)} looks), per (task, student, regime) group of {m} teachers: "
+        f"{len(design.looks)} looks), per (task, student, regime) group of {m} teachers{screened}: "
         f"adapters at most {high}, at least {low}, expected about {mean:.0f} (simulated: "
         f"{n} test items, replicate SD {a.replicate_sd:g} pts, true gains spread evenly over "
         "0-15 points; equal teachers race to the maximum)",

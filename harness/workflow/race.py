@@ -9,7 +9,7 @@ cells by harness/analysis/race.py; `cotgap plan` reads the first look's cells fr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harness.config.schema import Experiment
@@ -31,22 +31,42 @@ def adapters_per_draw(exp: Experiment) -> int:
     return 1 if exp.train.replicates == "paired" else len(exp.train.seeds)
 
 
+# (task, student, regime) -> the teachers that race under train.race.prior, best first
+Entrants = Mapping[Any, Sequence[str]]
+
+
 def round_cells(
-    exp: Experiment, grid: grids.Grid, races: Mapping[Any, Mapping[str, Any]]
+    exp: Experiment,
+    grid: grids.Grid,
+    races: Mapping[Any, Mapping[str, Any]],
+    entrants: Entrants | None = None,
 ) -> list[Cell]:
     """The cells the race wants computed so far: every cell but the distilled rows' (teacher
     evals, baselines, selection), and the distilled evals (with their screens) of the draws each
     group's race has used or asks for next (`races`: each (task, student, regime) group's race
     summary, harness/analysis/race.py); before the race starts, every group's first look. Their
-    inputs (adapters, training sets, traces) come with them."""
+    inputs (adapters, training sets, traces) come with them.
+
+    With `train.race.prior`, `entrants` are each group's teachers ranked by it, the ones that race
+    (harness/analysis/race.py `entrants`); until they are known (None), the round holds only what
+    ranks them: the first trace draw's screens (a screen signal) or the teacher evals, which
+    every round holds. A teacher outside its group's entrants is never trained."""
     plan = race_plan(exp)
     assert plan is not None
     order = {s: i for i, s in enumerate(exp.generate.trace_seeds)}
     rows = {id(c) for d in grid.distilled.values() for c in (d.eval, d.adapter, d.dataset)}
     rows |= {id(c) for c in (*grid.traces.values(), *grid.screens.values())}
     out = [c for c in grid.cells if id(c) not in rows]
+    prior = exp.train.race.prior if exp.train.race else None
+    if prior is not None and entrants is None:
+        first = exp.generate.trace_seeds[0]
+        out += [c for (*_, draw), c in grid.screens.items() if draw == first]
+        return out
     for (task, _, teacher, regime, draw, _), d in grid.distilled.items():
-        if order[draw] < _wanted(races.get((task, d.eval.model, d.eval.regime)), teacher, plan):
+        group = (task, d.eval.model, d.eval.regime)
+        if entrants is not None and teacher not in entrants.get(group, ()):
+            continue
+        if order[draw] < _wanted(races.get(group), teacher, plan):
             out.append(d.eval)
             screen = grid.screens.get((task, d.eval.model, teacher, regime, draw))
             if screen is not None:
