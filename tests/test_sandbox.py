@@ -331,3 +331,23 @@ def test_shipped_zoo_loads_in_transformers_and_vllm_with_the_same_greedy_output(
     assert vl == hf
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
     assert any(zoo.extract_answer(t) is not None for t in vl)
+
+
+def test_a_forced_style_is_the_one_the_model_writes_in():
+    """benchmarks/sandbox_styles.py forces a style by its opening words (or, for fine, by barring
+    the others' first letters): the shipped teachers, each pretrained on one style, score in
+    their own style and fail in a style they never saw."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks import sandbox_styles
+
+    fine = AutoModelForCausalLM.from_pretrained(
+        zoo.build(["teacher-s"], progress=False)["teacher-s"]
+    )
+    long = AutoModelForCausalLM.from_pretrained(
+        zoo.build(["teacher-l"], progress=False)["teacher-l"]
+    )
+    assert sandbox_styles.score(fine, "sums", 40, "fine") >= 0.9
+    assert sandbox_styles.score(fine, "sums", 40, "long") <= 0.1
+    assert sandbox_styles.score(long, "sums", 40, "long") >= 0.6
+    assert sandbox_styles.score(long, "sums", 40, "fine") <= 0.1

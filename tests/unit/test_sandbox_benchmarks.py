@@ -65,3 +65,26 @@ def test_a_race_counts_its_adapters_against_the_uniform_design() -> None:
     assert race_sandbox.adapters(run) == {"trained": 26, "uniform_at_max": 30, "saved": 4}
     with pytest.raises(SystemExit, match="a race"):
         race_sandbox.adapters({("x",): {"replicates": "a:3", "adapters_saved": ""}})
+
+
+def test_a_perfect_prior_races_the_best_and_a_null_prior_any() -> None:
+    from benchmarks import racing
+
+    rng = np.random.default_rng(0)
+    gains = [0.0, 15.0, 5.0, 10.0]
+    assert racing.entrants(rng, gains, 1.0, 2) == [1, 3]  # rho 1: the two largest gains
+    # rho 0: each teacher races about start/m of the time, whatever its gain
+    picks = np.zeros(4)
+    for _ in range(2000):
+        for k in racing.entrants(rng, gains, 0.0, 2):
+            picks[k] += 1
+    assert np.allclose(picks / 2000, 0.5, atol=0.05), picks
+
+
+def test_styles_architectures_read_layers_width_and_styles() -> None:
+    from benchmarks import sandbox_styles
+
+    arch = sandbox_styles.parse_arch("4x128x512:fine,long", "sums")
+    assert arch == {"layers": 4, "hidden": 128, "intermediate": 512, "heads": 4,
+                    "styles": ("fine", "long")}  # fmt: skip
+    assert sandbox_styles.parse_arch("1x64x256", "sums")["styles"] == ("fine", "chunk", "long")
