@@ -76,8 +76,8 @@ def summary(
 ) -> dict[str, Any]:
     """What answers.csv, analysis.json and the report say of one group's race: the trace draws
     each teacher got, the look at which each stopped, the teachers its prior screened out
-    (`screened`: teacher -> its prior value, rank and why), and the adapters against the uniform design (every teacher of
-    `teachers` at max_replicates)."""
+    (`screened`: teacher -> its prior value, rank and why), and the adapters against the
+    uniform design (every teacher of `teachers` at max_replicates)."""
     plan = race_plan(exp)
     assert plan is not None
     per = adapters_per_draw(exp)
