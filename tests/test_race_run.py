@@ -263,3 +263,21 @@ def test_plan_states_a_race_with_a_prior_that_screens_out(tmp_path):
     assert "group of 1 teachers (1 of 2 screened out by train.race.prior: teacher_acc" in head
     assert "adapters at most 5, at least 3" in head
     assert "the grid's 1 group(s): adapters at most 5" in total
+
+
+def test_before_its_prior_is_computed_a_group_trains_nothing(tmp_path):
+    """A group whose first-draw screens are not done (or never will be: a task pre-selection
+    gated) has no entrants yet: the round holds its screens and none of its distilled cells."""
+    from harness.analysis import race as race_analysis
+    from harness.workflow import race as race_cells
+
+    race = {"min_replicates": 3, "max_replicates": 5, "prior": "mean_rank", "start": 1}
+    exp = _exp(tmp_path, race, screen={"signal": "mean_rank"})
+    store, g = Store(exp.root), grid.expand(exp)
+    assert race_analysis.prior_ranks(exp, g, store) == {}
+    entrants = race_analysis.entrants(exp, g, store)
+    assert entrants == {}
+    cells = race_cells.round_cells(exp, g, {}, entrants)
+    assert not [c for c in cells if c.kind == "eval" and c.role == "distilled"]
+    screens = [c for c in cells if c.kind == "screen"]
+    assert len(screens) == 2 and {c.trace_seed for c in screens} == {SEEDS[0]}

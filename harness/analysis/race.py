@@ -118,19 +118,21 @@ def beyond(exp: Experiment, grid: grids.Grid, races: Mapping[Any, racing.Race]) 
 
 def prior_ranks(
     exp: Experiment, grid: grids.Grid, store: Store
-) -> dict[tuple, list[tuple[str, float]]] | None:
+) -> dict[tuple, list[tuple[str, float]]]:
     """Under train.race.prior: each (task, student, regime) group's teachers, best first, with
     their prior value: the screen signal of the teacher's first trace draw for that student and
-    regime, or the teacher's own test accuracy (teacher_acc). None until every value is computed.
-    Ties keep the config's teacher order; an unscreenable set (no examples) ranks last."""
+    regime, or the teacher's own test accuracy (teacher_acc). Only the groups whose every value
+    is computed (a task that pre-selection gated never is). Ties keep the config's teacher
+    order; an unscreenable set (no examples) ranks last."""
     race_cfg = exp.train.race
     assert race_cfg is not None and race_cfg.prior is not None
     prior, first = race_cfg.prior, exp.generate.trace_seeds[0]
     direction = 1 if prior == "teacher_acc" else SCREEN_DIRECTION[prior]
     values: dict[tuple, dict[str, float]] = {}
+    waiting: set[tuple] = set()
     for (task, _, teacher, regime, draw, _), d in grid.distilled.items():
         group = (task, d.eval.model, d.eval.regime)
-        if draw != first or teacher in values.get(group, {}):
+        if draw != first or teacher in values.get(group, {}) or group in waiting:
             continue
         if prior == "teacher_acc":
             cell: Any = grid.teachers.get((task, teacher))
@@ -139,7 +141,8 @@ def prior_ranks(
             cell, kind = grid.screens.get((task, d.eval.model, teacher, regime, draw)), "screen"
         manifest = store.manifest(kind, cell.key) if cell is not None else None
         if manifest is None:
-            return None
+            waiting.add(group)
+            continue
         summary = manifest.get("summary") or {}
         value = summary.get("accuracy" if prior == "teacher_acc" else prior)
         empty = kind == "screen" and not summary.get("n_examples")
@@ -149,6 +152,8 @@ def prior_ranks(
         )
     ranked = {}
     for group, by_teacher in values.items():
+        if group in waiting:
+            continue
         keyed = [
             (-direction * v if v == v else math.inf, i, t)
             for i, (t, v) in enumerate(by_teacher.items())
@@ -159,13 +164,11 @@ def prior_ranks(
 
 def entrants(exp: Experiment, grid: grids.Grid, store: Store) -> dict[tuple, list[str]] | None:
     """Each group's teachers that race under train.race.prior (the `start` best-ranked, or all,
-    best first); None without a prior or until the prior is computed."""
+    best first), for the groups whose prior is computed; None without a prior."""
     race_cfg = exp.train.race
     if race_cfg is None or race_cfg.prior is None:
         return None
     ranks = prior_ranks(exp, grid, store)
-    if ranks is None:
-        return None
     k = race_cfg.start or len(exp.teachers)
     return {g: [t for t, _ in r[:k]] for g, r in ranks.items()}
 
@@ -178,7 +181,7 @@ def screened_out(
     race_cfg = exp.train.race
     if race_cfg is None or race_cfg.prior is None or race_cfg.start is None:
         return {}
-    ranks = prior_ranks(exp, grid, store) or {}
+    ranks = prior_ranks(exp, grid, store)
     out: dict[tuple, dict[str, dict[str, Any]]] = {}
     for group, ranked in ranks.items():
         for r, (teacher, value) in enumerate(ranked[race_cfg.start :], start=race_cfg.start + 1):

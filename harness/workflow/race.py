@@ -47,21 +47,21 @@ def round_cells(
     summary, harness/analysis/race.py); before the race starts, every group's first look. Their
     inputs (adapters, training sets, traces) come with them.
 
-    With `train.race.prior`, `entrants` are each group's teachers ranked by it, the ones that race
-    (harness/analysis/race.py `entrants`); until they are known (None), the round holds only what
-    ranks them: the first trace draw's screens (a screen signal) or the teacher evals, which
-    every round holds. A teacher outside its group's entrants is never trained."""
+    With `train.race.prior`, `entrants` are the teachers that race in each group whose prior is
+    computed (harness/analysis/race.py `entrants`); every round holds what ranks them (the first
+    trace draw's screens for a screen signal; the teacher evals, for teacher_acc, are in every
+    round anyway), and a group not ranked yet trains nothing. A teacher outside its group's
+    entrants is never trained."""
     plan = race_plan(exp)
     assert plan is not None
     order = {s: i for i, s in enumerate(exp.generate.trace_seeds)}
     rows = {id(c) for d in grid.distilled.values() for c in (d.eval, d.adapter, d.dataset)}
     rows |= {id(c) for c in (*grid.traces.values(), *grid.screens.values())}
     out = [c for c in grid.cells if id(c) not in rows]
-    prior = exp.train.race.prior if exp.train.race else None
-    if prior is not None and entrants is None:
+    if exp.train.race is not None and exp.train.race.prior is not None:
         first = exp.generate.trace_seeds[0]
         out += [c for (*_, draw), c in grid.screens.items() if draw == first]
-        return out
+        entrants = entrants or {}
     for (task, _, teacher, regime, draw, _), d in grid.distilled.items():
         group = (task, d.eval.model, d.eval.regime)
         if entrants is not None and teacher not in entrants.get(group, ()):
@@ -71,7 +71,7 @@ def round_cells(
             screen = grid.screens.get((task, d.eval.model, teacher, regime, draw))
             if screen is not None:
                 out.append(screen)
-    return out
+    return list({id(c): c for c in out}.values())  # a first draw's screen is listed once
 
 
 def _wanted(summary: Mapping[str, Any] | None, teacher: str, plan: racing.Plan) -> int:
