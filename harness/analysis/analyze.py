@@ -320,12 +320,10 @@ def leaderboard(
     prior_out = race.screened_out(exp, grid, store)
     if prior_out:  # train.race.prior with start: teachers that never race
         keys = zip(board["task"], board["student"], board["regime"], board["teacher"], strict=True)
-        why = [
-            prior_out.get((t, s, r), {}).get(teacher, {}).get("why") for t, s, r, teacher in keys
-        ]
-        mask = (board["row_type"] == "distilled").to_numpy() & pd.notna(pd.Series(why)).to_numpy()
-        board["screened_out"] = board["screened_out"].astype(object)
-        board.loc[mask, "screened_out"] = pd.Series(why)[mask].to_numpy()
+        why = [prior_out.get((t, s, r), {}).get(name, {}).get("why") for t, s, r, name in keys]
+        why_s = pd.Series(why, index=board.index, dtype=object)
+        mark = (board["row_type"] == "distilled") & why_s.notna()
+        board["screened_out"] = board["screened_out"].astype(object).mask(mark, why_s)
     board["student_size"] = board["student"].map(sizes)
     board["teacher_size"] = board["teacher"].map(sizes)
     board = board.reindex(columns=list(COLUMNS)).astype(_DTYPES)

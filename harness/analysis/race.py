@@ -145,21 +145,19 @@ def prior_ranks(
             continue
         summary = manifest.get("summary") or {}
         value = summary.get("accuracy" if prior == "teacher_acc" else prior)
-        empty = kind == "screen" and not summary.get("n_examples")
-        ok = value is not None and value == value and not empty
-        values.setdefault(group, {})[teacher] = (
-            float(value) if ok and value is not None else math.nan
-        )
-    ranked = {}
-    for group, by_teacher in values.items():
-        if group in waiting:
-            continue
-        keyed = [
-            (-direction * v if v == v else math.inf, i, t)
-            for i, (t, v) in enumerate(by_teacher.items())
-        ]
-        ranked[group] = [(t, by_teacher[t]) for _, _, t in sorted(keyed)]
-    return ranked
+        if value is None or (kind == "screen" and not summary.get("n_examples")):
+            value = math.nan
+        values.setdefault(group, {})[teacher] = float(value)
+
+    def order(v: float) -> float:  # best first; NaN (nothing to rank by) last
+        return -direction * v if v == v else math.inf
+
+    # a stable sort: ties keep the config's teacher order
+    return {
+        group: sorted(by_teacher.items(), key=lambda tv: order(tv[1]))
+        for group, by_teacher in values.items()
+        if group not in waiting
+    }
 
 
 def entrants(exp: Experiment, grid: grids.Grid, store: Store) -> dict[tuple, list[str]] | None:
