@@ -48,38 +48,33 @@ def parse_arch(text: str, task: str) -> dict[str, Any]:
 
 def score(model: Any, task: str, n: int, style: str | None) -> float:
     """Greedy accuracy on the first `n` test items, in `style` (None: the model's own choice)."""
-    import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
     from harness.sandbox import tasks, zoo
-    from harness.sandbox.tokenizer import PAD, make_tokenizer, vocab
+    from harness.sandbox.tokenizer import make_tokenizer, vocab
 
-    v = vocab()
+    tokenizer, v = make_tokenizer(), vocab()
     items = tasks.generate_items(task, "test", n, zoo.EVAL_SEED)
-    prefix = [v[c] for c in OPENING.get(style or "", "")]
-    prompts = [zoo.encode_example(it["question"])[0] + prefix for it in items]
-    width = max(map(len, prompts))
-    ids = torch.tensor([[v[PAD]] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     barred = [v[w[0]] for w in OPENING.values()]
 
     class FirstStepBar(LogitsProcessor):
+        """`fine` opens with a digit: bar the other styles' first letters at the first step."""
+
         def __call__(self, input_ids: Any, scores: Any) -> Any:
-            if input_ids.shape[1] == width:
+            if input_ids.shape[1] == first:
                 scores[:, barred] = -float("inf")
             return scores
 
-    processors = LogitsProcessorList([FirstStepBar()]) if style == "fine" else None
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=zoo.MAX_NEW_TOKENS,
-            do_sample=False, eos_token_id=model.config.eos_token_id,
-            pad_token_id=v[PAD], logits_processor=processors,
-        )  # fmt: skip
-    texts = make_tokenizer().batch_decode(out[:, width:], skip_special_tokens=True)
-    return (
-        sum(zoo.extract_answer(t) == it["answer"] for t, it in zip(texts, items, strict=True)) / n
-    )
+    # every batch's prompts are padded to their longest: the first generated step is there
+    first = 0
+    processors = None
+    if style == "fine":
+        processors = LogitsProcessorList([FirstStepBar()])
+        first = max(len(zoo.encode_example(it["question"])[0]) for it in items)
+    return zoo.accuracy(
+        model, tokenizer, items, batch_size=n, prefix=OPENING.get(style or "", ""),
+        logits_processor=processors,
+    )  # fmt: skip
 
 
 def measure(arch: dict[str, Any], task: str, steps: int, items: int, seed: int) -> dict[str, Any]:

@@ -461,33 +461,43 @@ def evaluate(
 ) -> dict[str, float]:
     """Greedy accuracy on the first `n` test items (seed EVAL_SEED) of each generator: the question
     as the user message through the chat template, answer read from `The answer is X.`"""
+    return {
+        gen: round(accuracy(model, tokenizer, tasks.generate_items(gen, "test", n, EVAL_SEED)), 3)
+        for gen in generators
+    }
+
+
+def accuracy(
+    model, tokenizer, items: list[dict], batch_size: int = 100, prefix: str = "",
+    logits_processor: Any = None,
+) -> float:  # fmt: skip
+    """The share of `items` answered right, greedy. `prefix`: text the answer is made to start
+    with; `logits_processor`: a transformers LogitsProcessorList for `generate` (its first step
+    is at the prompt's padded width); both for forcing a style (benchmarks/sandbox_styles.py)."""
     import torch
 
-    pad = tokenizer.pad_token_id
-    accuracy = {}
-    for gen in generators:
-        items = tasks.generate_items(gen, "test", n, EVAL_SEED)
-        correct = 0
-        for b in range(0, n, batch_size):
-            batch = items[b : b + batch_size]
-            prompts = [encode_example(it["question"])[0] for it in batch]
-            width = max(map(len, prompts))
-            ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-            with torch.no_grad():
-                out = model.generate(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    max_new_tokens=MAX_NEW_TOKENS,
-                    do_sample=False,
-                    eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=pad,
-                )
-            texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-            pairs = zip(texts, batch, strict=True)
-            correct += sum(extract_answer(t) == it["answer"] for t, it in pairs)
-        accuracy[gen] = round(correct / n, 3)
-    return accuracy
+    v, pad = vocab(), tokenizer.pad_token_id
+    correct = 0
+    for b in range(0, len(items), batch_size):
+        batch = items[b : b + batch_size]
+        prompts = [encode_example(it["question"])[0] + [v[c] for c in prefix] for it in batch]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=MAX_NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=pad,
+                logits_processor=logits_processor,
+            )
+        texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+        pairs = zip(texts, batch, strict=True)
+        correct += sum(extract_answer(t) == it["answer"] for t, it in pairs)
+    return correct / len(items)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
