@@ -1,9 +1,14 @@
-"""The test-zoo sandbox grid, shared by the pipeline, fault and Ray tests."""
+"""The test-zoo sandbox grid, shared by the pipeline, fault and Ray tests; and the pinning of
+zoo model identities for the goldens."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 TEST_TEACHERS = [
     {"name": "t-small", "path": "sandbox:test-teacher-s", "size": 2.3e5},
@@ -41,6 +46,18 @@ def sandbox_grid(
         "evaluate": {"max_tokens": 160},
         "analysis": {"bootstrap_samples": 200},
     }
+
+
+def pin_zoo_ids(monkeypatch: pytest.MonkeyPatch, golden: object) -> None:
+    """Identify zoo models as the ids recorded in `golden` (any JSON-able value) do: a golden
+    pins the code that turns a model's identity into keys, not the shipped weights, which a zoo
+    rebuild replaces (their sha256 is part of the id). Names the golden does not hold keep theirs."""
+    from harness.sandbox import zoo
+
+    pattern = r"sandbox:([a-z0-9-]+)@[0-9a-f]+(?:/sha256:[0-9a-f]+)?"
+    ids = {m.group(1): m.group(0) for m in re.finditer(pattern, json.dumps(golden))}
+    real = zoo.model_id
+    monkeypatch.setattr(zoo, "model_id", lambda name: ids.get(name) or real(name))
 
 
 _OPENED: list[list[str]] = []

@@ -284,14 +284,26 @@ def test_shipped_teachers_differ_and_students_are_weaker(profile):
     teachers = [n for n in dirs if zoo.ZOO[n].role == "teacher"]
     students = [n for n in dirs if zoo.ZOO[n].role == "student"]
     task = "sums" if profile == "demo" else "coin_flip"
-    spread = max(acc[t][task] for t in teachers) - min(acc[t][task] for t in teachers)
-    assert spread >= (0.30 if profile == "demo" else 0.15), acc
+    if profile == "test":  # the test zoo's teachers differ in accuracy
+        spread = max(acc[t][task] for t in teachers) - min(acc[t][task] for t in teachers)
+        assert spread >= 0.15, acc
     for s in students:
         if profile == "demo":  # off the floor, with room for a teacher's traces to lift them
             assert 0.1 < acc[s][task] < max(acc[t][task] for t in teachers) - 0.3, acc
-            # the demo's teachers each write one style, and no two the same
-            assert len({zoo.ZOO[t].styles for t in teachers}) == len(teachers)
         assert sum(acc[s].values()) < max(sum(acc[t].values()) for t in teachers), acc
+
+
+def test_the_demo_world_is_built_as_docs_sandbox_says():
+    """The demo's construction (docs/sandbox.md): two teachers of one style at two sizes, one of
+    another style; students of the same data that differ in depth, one layer against two."""
+    recipes = {n: zoo.ZOO[n] for n in zoo.names_for("demo")}
+    styles = {n: r.styles for n, r in recipes.items() if r.role == "teacher"}
+    assert styles == {"teacher-s": ("fine",), "teacher-m": ("fine",), "teacher-l": ("long",)}
+    assert recipes["teacher-s"].layers < recipes["teacher-m"].layers == recipes["teacher-l"].layers
+    xs, s = recipes["student-xs"], recipes["student-s"]
+    assert (xs.layers, s.layers) == (1, 2)
+    assert (xs.mixture, xs.styles, xs.hidden) == (s.mixture, s.styles, s.hidden)
+    assert set(xs.styles) == set(tasks.styles_of("sums"))
 
 
 def _prompts(n: int) -> list[str]:

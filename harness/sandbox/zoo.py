@@ -85,23 +85,26 @@ class Recipe:
     styles: tuple[str, ...] = ("fine",)
 
 
-# The demo's world: two tasks, sums (1-2 digit addition) and coin flip; each teacher learns one way
-# of writing a sum (tasks.STYLES): teacher-s `fine` columns, teacher-m `chunk` (two digits at a
-# time: too many sums for these sizes to learn, so it is often wrong), teacher-l `long` (fine's
-# columns with the answer so far). The students learn all three styles, so with no distillation
-# they pick one themselves (greedy: often chunk, which they cannot do); a teacher's traces teach
-# them one. Coin flip is the same for everyone and the students already solve it. What the demo
+# The demo's world: two tasks, sums (1-2 digit addition) and coin flip. Each teacher learns one
+# way of writing a sum (tasks.STYLES): teacher-s and teacher-m `fine` columns (a small and a large
+# model: the same chains), teacher-l `long` (fine's columns, each followed by the answer so far,
+# on teacher-m's architecture). The students learn all three styles, long the most (half of their
+# sums, as a corpus holds mostly long reasoning), so with no distillation they pick one themselves
+# (greedy: often chunk, two digits at a time, which they cannot do); a teacher's traces teach them
+# one. Their only difference is size: student-xs has one layer, and one layer cannot copy a
+# string forward (no induction head), which long needs at every step; student-s has two, and long
+# is the style it has practised most. Coin flip is the same for every teacher. What the demo
 # measures of this world is in MODEL_CARD.md (its ground truth) and docs/sandbox.md. Sizes: a
 # head dimension of 32 (vLLM's CPU attention has no kernel for 24), steps where the students sit
-# between the floor and the teachers (measured).
+# between the floor and the teachers (measured: benchmarks/README.md, "The sandbox's styles").
 DEMO_MIXTURE = (("sums", 0.7), ("coin_flip", 0.3))
-_STYLES = tasks.STYLES["sums"]
+_STUDENT_STYLES = ("fine", "chunk", "long", "long")
 ZOO: dict[str, Recipe] = {
     "teacher-l": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=2000, mixture=DEMO_MIXTURE, styles=("long",)),
-    "teacher-m": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=2000, mixture=DEMO_MIXTURE, styles=("chunk",)),
+    "teacher-m": Recipe("teacher", "demo", hidden=96, layers=3, heads=3, intermediate=384, steps=2000, mixture=DEMO_MIXTURE, styles=("fine",)),
     "teacher-s": Recipe("teacher", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=2000, mixture=DEMO_MIXTURE, styles=("fine",)),
-    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=3000, mixture=DEMO_MIXTURE, styles=_STYLES),
-    "student-xs": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=64, steps=3000, mixture=DEMO_MIXTURE, styles=_STYLES),
+    "student-s": Recipe("student", "demo", hidden=64, layers=2, heads=2, intermediate=256, steps=2000, mixture=DEMO_MIXTURE, styles=_STUDENT_STYLES),
+    "student-xs": Recipe("student", "demo", hidden=64, layers=1, heads=2, intermediate=256, steps=3000, mixture=DEMO_MIXTURE, styles=_STUDENT_STYLES),
     "test-teacher-l": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=1500),
     "test-teacher-s": Recipe("teacher", "test", hidden=64, layers=2, heads=2, intermediate=256, steps=500),
     "test-student": Recipe("student", "test", hidden=64, layers=2, heads=2, intermediate=128, steps=450),

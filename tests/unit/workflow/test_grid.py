@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import pin_zoo_ids
 
 from harness.config.loading import load_experiment
 from harness.config.schema import Experiment
@@ -83,6 +84,7 @@ def test_cells_equal_the_golden_of_the_code_before_the_redesign(
 ) -> None:
     gold = golden(name)
     pin_versions(monkeypatch, gold["versions"])
+    pin_zoo_ids(monkeypatch, gold["cells"])
     rows = as_json(grid.expand(load_experiment(CONFIGS[name])))
     assert rows == gold["cells"]  # kinds, keys, configs, upstream, order
 
@@ -209,9 +211,13 @@ def replicated(name: str, tmp_path: Path, generate: dict, **train) -> Experiment
     return load_experiment(path)
 
 
-def test_one_trace_draw_at_seed_0_keeps_every_key_of_the_sandbox(tmp_path: Path) -> None:
+def test_one_trace_draw_at_seed_0_keeps_every_key_of_the_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`generate.seeds: [0]` is today's `seed: 0`: the same cells, configs and keys (and those
     equal the golden's, written before trace draws existed, in the test above)."""
+    pin_versions(monkeypatch, golden("sandbox")["versions"])
+    pin_zoo_ids(monkeypatch, golden("sandbox")["cells"])
     plain = as_json(grid.expand(load_experiment(CONFIGS["sandbox"])))
     drawn = as_json(grid.expand(replicated("sandbox", tmp_path, {"seed": None, "seeds": [0]})))
     assert [c["key"] for c in drawn] == [c["key"] for c in plain]
