@@ -46,6 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("config", type=Path, help="a sandbox config, run and screened")
     p.add_argument("--truth", type=Path, default=TRUTH_MD, help="the zoo's model card")
+    p.add_argument("--task", help="only this task's groups (e.g. the one where teachers differ)")
     p.add_argument("--out", default="results/bench/screening_sandbox.json")
     return p.parse_args(argv)
 
@@ -61,6 +62,8 @@ def per_group(tbl: pd.DataFrame, predictors: list[str]) -> pd.DataFrame:
 def with_truth(tbl: pd.DataFrame, truth: list[dict[str, Any]]) -> pd.DataFrame | None:
     """`per_group`'s rows with the gain replaced by the truth's (a fraction, as the leaderboard);
     None where the truth lacks a row (a grid other than the sandbox demo's)."""
+    if not truth:
+        return None
     gains = pd.DataFrame(truth)[[*KEY, "gain"]].assign(gain=lambda d: d["gain"] / 100)
     out = tbl.drop(columns="gain").merge(gains, on=KEY, how="left")
     return None if out["gain"].isna().any() else out
@@ -115,6 +118,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     store = Store(exp.root)
     board = analyze.leaderboard(exp, store)[0]
     tbl = screening.table(exp, store, board)
+    if args.task:
+        tbl = tbl[tbl["task"] == args.task].reset_index(drop=True)
     if tbl.empty or tbl["gain"].isna().all():
         raise SystemExit(f"{args.config}: no screen cell with a measured gain; run `cotgap run` "
                          "and `cotgap screen` on it first")  # fmt: skip
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     result: dict[str, Any] = {
         "config": str(args.config),
+        "task": args.task,
         "cost": screening.cost(tbl, store),
         "units": {
             unit: {p: r for p, r in summarise(v).items() if p in predictors}
