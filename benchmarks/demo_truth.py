@@ -9,7 +9,8 @@ items) run with `cotgap run`; the demo is `configs/sandbox.yaml` (`make demo`). 
 again in a fresh results directory with every trace and training seed shifted by `--shift`
 (its test items are the first `test_limit` of the split: nothing else is drawn), then compares
 answers.csv per group (task, student, regime): the demo against the truth (a decided answer, a
-teacher or `none`, agrees when the truth gives the same answer), and the shifted run against the
+teacher or `none`, agrees when its claim is true of the truth, `holds`; `same_label` counts those
+with the truth's very answer), and the shifted run against the
 demo (the same answer). Reported: each group's answers, the counts, the shifted run's wall time.
 """
 
@@ -58,7 +59,8 @@ def truth_md(path: Path = TRUTH_MD) -> list[dict[str, Any]]:
     """The ground truth as the zoo's model card records it (its first table: 10 replicates x
     1,000 test items per arm), for when no `configs/sandbox-truth.yaml` run is at hand: one row
     per (task, student, regime, teacher) with the baseline and the mean distilled accuracy (points)
-    and the group's answer (a teacher, `none` or `inconclusive`). The teachers' order is the
+    and the group's answer (a teacher, `none` or `inconclusive`, with "clears the effect of
+    interest: yes|no|inconclusive" where the card says it). The teachers' order is the
     header's "(teacher-s / teacher-m / teacher-l)"."""
     lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
     start = next(i for i, ln in enumerate(lines) if "| regime |" in ln)
@@ -73,20 +75,25 @@ def truth_md(path: Path = TRUTH_MD) -> list[dict[str, Any]]:
         if len(cells) != len(header):
             break  # the end of the first table
         task, student, regime, base, posts, answer = cells
+        clears = re.search(r"clears the effect of interest: (yes|no|inconclusive)", answer)
         baseline = float(base.rstrip("%"))
         for teacher, post in zip(names, posts.split("/"), strict=True):
             rows.append(
                 {"task": TASK_NAMES.get(task, task), "student": student, "regime": regime,
                  "teacher": teacher, "base_acc": baseline, "post_acc": float(post),
                  "gain": round(float(post) - baseline, 6),
-                 "answer": re.split(r"[\s:(]", answer, maxsplit=1)[0]}
+                 "answer": re.split(r"[\s:(]", answer, maxsplit=1)[0],
+                 "clears_effect": clears.group(1) if clears else ""}
             )  # fmt: skip
     return rows
 
 
 def truth_answers(rows: list[dict[str, Any]]) -> dict[tuple[str, ...], dict[str, str]]:
     """(task, student, regime) -> {"answer": ...}: `truth_md`'s rows as `compare` reads a run's."""
-    return {tuple(r[k] for k in GROUP): {"answer": r["answer"]} for r in rows}
+    return {
+        tuple(r[k] for k in GROUP): {"answer": r["answer"], "clears_effect": r["clears_effect"]}
+        for r in rows
+    }
 
 
 def shifted(config: Path, shift: int, results: Path) -> dict[str, Any]:
@@ -99,15 +106,28 @@ def shifted(config: Path, shift: int, results: Path) -> dict[str, Any]:
     return cfg
 
 
+def holds(answer: str, truth: dict[str, str]) -> bool:
+    """Whether a decided answer's claim is true of the world the truth measured: a teacher when
+    the truth names it; `none` ("no teacher reaches the effect of interest") when the truth says
+    none, or names a teacher whose gain it shows below the effect of interest (`clears_effect`
+    no: a teacher better than the baseline by less than the margin, which a truth with 10,000
+    scored answers per arm resolves and the demo's `none` rightly rules out as worth distilling)."""
+    if answer == "none":
+        return truth.get("answer") == "none" or truth.get("clears_effect") == "no"
+    return truth.get("answer") == answer
+
+
 def compare(truth: dict, demo: dict, again: dict) -> tuple[list[dict[str, Any]], dict[str, int]]:
     rows, counts = [], {"groups": len(demo), "decided": 0, "agree": 0, "disagree": 0, "same": 0}
+    counts["same_label"] = 0  # decided answers that are the truth's very answer
     for group, d in demo.items():
         t, s = truth.get(group, {}), again.get(group, {})
         decided = d["answer"] != UNDECIDED
         counts["decided"] += decided
         if decided and t:
-            agree = t.get("answer") == d["answer"]
+            agree = holds(d["answer"], t)
             counts["agree" if agree else "disagree"] += 1
+            counts["same_label"] += t.get("answer") == d["answer"]
         counts["same"] += s.get("answer") == d["answer"]
         rows.append(
             {

@@ -33,10 +33,31 @@ def test_decided_answers_are_checked_against_the_truth_and_the_rerun(tmp_path: P
     )
     rows, counts = demo_truth.compare(*map(demo_truth.answers, (truth, demo, again)))
     # a and b are decided: a agrees with the truth, b does not; c is undecided
-    assert counts == {"groups": 3, "decided": 2, "agree": 1, "disagree": 1, "same": 2}
+    assert counts == {
+        "groups": 3,
+        "decided": 2,
+        "agree": 1,
+        "disagree": 1,
+        "same": 2,
+        "same_label": 1,
+    }
     assert rows[2]["demo"] == "inconclusive, distill yes, best set t1;t2"
     cfg = demo_truth.shifted(demo_truth.REPO / "configs" / "sandbox.yaml", 100, tmp_path)
     assert cfg["generate"]["seeds"] == cfg["train"]["seeds"] == [100, 101, 102]
+
+
+def test_none_holds_where_the_truth_names_a_teacher_below_the_effect_of_interest() -> None:
+    """`none` claims that no teacher reaches the effect of interest: a truth that names a teacher
+    whose whole interval lies below it (clears_effect no) bears it out; above it, or unresolved,
+    it does not; a named teacher holds only where the truth names the same one."""
+    assert demo_truth.holds("none", {"answer": "none", "clears_effect": "no"})
+    assert demo_truth.holds("none", {"answer": "t1", "clears_effect": "no"})
+    assert not demo_truth.holds("none", {"answer": "t1", "clears_effect": "inconclusive"})
+    assert not demo_truth.holds("none", {"answer": "t1", "clears_effect": "yes"})
+    assert not demo_truth.holds("none", {"answer": "inconclusive", "clears_effect": "yes"})
+    assert demo_truth.holds("t1", {"answer": "t1", "clears_effect": "no"})
+    assert not demo_truth.holds("t1", {"answer": "t2", "clears_effect": "yes"})
+    assert not demo_truth.holds("t1", {"answer": "none", "clears_effect": "no"})
 
 
 def test_the_truth_is_read_from_the_model_cards_table(tmp_path: Path) -> None:
@@ -44,7 +65,7 @@ def test_the_truth_is_read_from_the_model_cards_table(tmp_path: Path) -> None:
     card.write_text(
         "intro\n\n| task | student | regime | baseline | distilled (t-b / t-a) | answer |\n"
         "|---|---|---|---|---|---|\n"
-        "| sums | s1 | per_teacher | 40.0% | 55.5 / 30.0 | t-b (+15.5 [+1, +2]) |\n"
+        "| sums | s1 | per_teacher | 40.0% | 55.5 / 30.0 | t-b (+15.5 [+1, +2]; clears the effect of interest: no) |\n"
         "| coin flip | s1 | per_teacher | 90.0% | 91.0 / 89.0 | inconclusive: distil yes (+1) |\n"
         "\n| task | student | baseline | other table |\n|---|---|---|---|\n| x | y | z | w |\n"
     )
@@ -55,8 +76,8 @@ def test_the_truth_is_read_from_the_model_cards_table(tmp_path: Path) -> None:
         ("sandbox_coin_flip", "t-b", 1.0), ("sandbox_coin_flip", "t-a", -1.0),
     ]  # fmt: skip
     assert demo_truth.truth_answers(rows) == {
-        ("sandbox_sums", "s1", "per_teacher"): {"answer": "t-b"},
-        ("sandbox_coin_flip", "s1", "per_teacher"): {"answer": "inconclusive"},
+        ("sandbox_sums", "s1", "per_teacher"): {"answer": "t-b", "clears_effect": "no"},
+        ("sandbox_coin_flip", "s1", "per_teacher"): {"answer": "inconclusive", "clears_effect": ""},
     }
 
 
