@@ -4,6 +4,13 @@ on one node without two sharing a GPU. A group's children see only their GPUs
 (CUDA_VISIBLE_DEVICES), set from the thread that runs the group.
 
     COTGAP_GPUS=0,1,2,3 cotgap run configs/paper-study.yaml     # which GPUs cotgap may use
+
+On a machine without GPUs the same holds for CPU cores, in slots: where every model is small
+(one engine step is mostly per-step Python overhead, which one core runs as fast as several:
+measured in `core_slots`), the engine groups of a phase run at once, one core each, each in
+its own warm child bound to its core (COTGAP_CPU_CORES in its environment).
+
+    COTGAP_CPU_SLOTS=1 cotgap run configs/sandbox.yaml           # one engine group at a time
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from collections.abc import Iterator
 _HELD: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
     "cotgap_gpus", default=None
 )
+_CORES: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
+    "cotgap_cores", default=None
+)
+_SLOT: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cotgap_slot", default=None)
+CORES_ENV = "COTGAP_CPU_CORES"  # a child's cores: it binds itself to them first thing
 
 
 def node_gpus() -> list[str]:
@@ -46,7 +58,20 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     held = _HELD.get()
     if held is not None:
         out["CUDA_VISIBLE_DEVICES"] = ",".join(held)
+    cores = _CORES.get()
+    if cores is not None:  # the slot's cores: threads of torch, OpenMP and vLLM's CPU backend
+        names = ",".join(str(c) for c in cores)
+        out[CORES_ENV] = names
+        out["OMP_NUM_THREADS"] = str(len(cores))
+        out["VLLM_CPU_OMP_THREADS_BIND"] = names
     return out
+
+
+def bind_to_held_cores() -> None:
+    """In a child: run on the cores its parent's slot holds ($COTGAP_CPU_CORES), if any."""
+    names = os.environ.get(CORES_ENV)
+    if names and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {int(c) for c in names.split(",")})
 
 
 def holding() -> bool:
@@ -88,30 +113,102 @@ def visible(gpus: tuple[str, ...]) -> Iterator[None]:
         _HELD.reset(token)
 
 
-class Allocator:
-    """Hands out the node's GPUs: `acquire(n)` waits until n are free and takes them."""
+def held_cores() -> tuple[int, ...] | None:
+    """The CPU cores this thread's group holds (a slot), or None."""
+    return _CORES.get()
+
+
+def node_cores() -> list[int]:
+    """The CPU cores this process may run on (its affinity, where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+SLOT_MEMORY_GB = 3.0  # an engine child with a small model: vLLM's 1 GiB CPU KV cache and runtime
+
+
+def core_slots(all_small: bool) -> list[tuple[int, ...]]:
+    """How a machine without GPUs runs its engine groups: as slots of cores, one group a slot.
+
+    Where every model is small (`all_small`: models.sources.SMALL_MODEL), one slot per core, as
+    many as memory holds (SLOT_MEMORY_GB each): vLLM's CPU engine on such a model runs as fast on
+    one core as on two (the sandbox demo's 72 distilled evals: 97.7 s on one core, 100.2 s on two
+    cores, one engine at a time; benchmarks/README.md), so two slots do twice the work. Else one
+    slot of every core. COTGAP_CPU_SLOTS=N sets N slots (1: every engine group on every core).
+    The choice depends on the machine and the grid's models only, never on what is left to run,
+    so that a resumed cell runs on as many cores as an uninterrupted one would."""
+    cores = node_cores()
+    env = os.environ.get("COTGAP_CPU_SLOTS", "")
+    if env.isdigit() and int(env) > 0:
+        n = int(env)
+    elif not all_small:
+        n = 1
+    else:
+        n = max(1, min(len(cores), int(_memory_gb() // SLOT_MEMORY_GB)))
+    n = min(n, len(cores))
+    cut = [round(i * len(cores) / n) for i in range(n + 1)]  # contiguous, as even as they divide
+    return [tuple(cores[cut[i] : cut[i + 1]]) for i in range(n)]
+
+
+def _memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return SLOT_MEMORY_GB  # unknown: one slot
+
+
+class _Pool:
+    """Things handed out to the threads that run groups: `_hold(n)` waits until n are free,
+    takes the first n and sets `var` to them in the holding thread meanwhile."""
+
+    def __init__(self, things: list, var: contextvars.ContextVar) -> None:
+        self.free, self.var = list(things), var
+        self.cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def _hold(self, n: int) -> Iterator[tuple]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.free) >= n)
+            taken, self.free = tuple(self.free[:n]), self.free[n:]
+        token = self.var.set(taken)
+        try:
+            yield taken
+        finally:
+            self.var.reset(token)
+            with self.cond:
+                self.free.extend(taken)
+                self.cond.notify_all()
+
+
+class CoreSlots(_Pool):
+    """Hands out slots of cores: `hold()` waits until one is free and takes it; children started
+    from the holding thread run on its cores (`child_env`)."""
+
+    def __init__(self, slots: list[tuple[int, ...]]) -> None:
+        super().__init__(slots, _SLOT)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[tuple[int, ...]]:
+        with self._hold(1) as (slot,):
+            token = _CORES.set(slot)
+            try:
+                yield slot
+            finally:
+                _CORES.reset(token)
+
+
+class Allocator(_Pool):
+    """Hands out the node's GPUs: `hold(n)` waits until n are free and takes them."""
 
     def __init__(self, gpus: list[str]) -> None:
-        self.free = list(gpus)
+        super().__init__(gpus, _HELD)
         self.size = len(gpus)
-        self.cond = threading.Condition()
 
     def want(self, gpus: float) -> int:
         """Whole GPUs a group asking for `gpus` takes: at least one when it asks for any, at most
         the node's (a larger ask runs on all of them rather than never)."""
         return min(self.size, math.ceil(gpus)) if gpus > 0 else 0
 
-    @contextlib.contextmanager
-    def hold(self, gpus: float) -> Iterator[tuple[str, ...]]:
-        n = self.want(gpus)
-        with self.cond:
-            self.cond.wait_for(lambda: len(self.free) >= n)
-            taken, self.free = tuple(self.free[:n]), self.free[n:]
-        token = _HELD.set(taken)
-        try:
-            yield taken
-        finally:
-            _HELD.reset(token)
-            with self.cond:
-                self.free.extend(taken)
-                self.cond.notify_all()
+    def hold(self, gpus: float) -> contextlib.AbstractContextManager[tuple[str, ...]]:
+        return self._hold(self.want(gpus))

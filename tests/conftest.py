@@ -20,6 +20,9 @@ for _k, _v in {
     # Read once, when torch is first imported: without it, OpenMP threads spin and 2-thread CPU
     # training runs 10-100x slower whenever another process is busy on this 2-core machine.
     "OMP_WAIT_POLICY": "PASSIVE",
+    # one engine group at a time on every core, whatever this machine's cores: the tests that
+    # run groups in slots of cores (tests/test_gpu_allocator.py) ask for them
+    "COTGAP_CPU_SLOTS": "1",
 }.items():
     os.environ.setdefault(_k, _v)
 

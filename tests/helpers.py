@@ -85,3 +85,10 @@ class opened_files:
 
     def __exit__(self, *exc: Any) -> None:
         _OPENED.pop()
+
+
+def where_am_i() -> tuple[int, list[int], str | None]:
+    """In a child (harness.engines.run_in_child): its pid, the cores it runs on, its threads."""
+    import os
+
+    return os.getpid(), sorted(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS")

@@ -206,6 +206,7 @@ def test_validate_warns_where_replicates_hold_one_trace_draw_and_refuses_grid_fd
     data["generate"]["seed"] = 0
     data["train"]["seeds"] = [0, 1, 2]
     data["train"].pop("replicates", None)
+    data["train"].pop("race", None)  # the demo's race: this is about fixed replicates
 
     def validate(d: dict) -> subprocess.CompletedProcess:
         path = tmp_path / "exp.yaml"

@@ -1,14 +1,17 @@
 """The local executor on a node with several GPUs: independent engine groups run at the same
-time, each on the GPUs its model's `resources.gpus` asks for, and no GPU is held twice.
+time, each on the GPUs its model's `resources.gpus` asks for, and no GPU is held twice. On a
+machine without GPUs and with small models, engine groups run at once in slots of one CPU core.
 
-The node's GPU count is the one thing mocked (`devices.node_gpus` returns four ids: this machine
-has no GPU). The schedule, the allocator and the threads are the real ones; the stage functions
-are fakes that complete their cells in the real store and record when they ran and which
-CUDA_VISIBLE_DEVICES their children would see.
+The node's GPU count is mocked (`devices.node_gpus` returns four ids: this machine has no GPU),
+and so are its cores where a test needs a number of them (`devices.node_cores`). The schedule,
+the allocators and the threads are the real ones; the stage functions are fakes that complete
+their cells in the real store and record when they ran and which CUDA_VISIBLE_DEVICES and CPU
+cores their children would see. The last tests run real children and real engines.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -41,6 +44,7 @@ class Recorder(dict):
     def _stage(self, exp: Experiment, store: Store, cells: list) -> None:
         start = time.monotonic()
         visible = devices.child_env().get("CUDA_VISIBLE_DEVICES")
+        cores = devices.child_env().get("COTGAP_CPU_CORES")
         time.sleep(0.3 if cells[0].kind == "traces" else 0.0)
         for c in cells:
             with store.open_cell(c.kind, c.key, c.config, c.upstream) as out:
@@ -51,6 +55,7 @@ class Recorder(dict):
                     "kind": cells[0].kind,
                     "model": cells[0].model,
                     "gpus": visible.split(",") if visible else [],
+                    "cores": cores.split(",") if cores else [],
                     "start": start,
                     "end": time.monotonic(),
                 }
@@ -62,12 +67,13 @@ def four_gpus(monkeypatch) -> None:
     monkeypatch.setattr(devices, "node_gpus", lambda: ["0", "1", "2", "3"])  # the mock
 
 
-def _experiment(root: Path) -> Experiment:
+def _experiment(root: Path, first_size: float = 1e5) -> Experiment:
     config = sandbox_grid("gpus", root)
     config["teachers"] = [
         {"name": n, "path": f"sandbox:{z}", "size": 1e5 * (i + 1), "resources": {"gpus": g}}
         for i, (n, (z, g)) in enumerate(TEACHERS.items())
     ]
+    config["teachers"][0]["size"] = first_size
     config["students"][0]["resources"] = {"gpus": 1}
     return parse(Experiment, config, "gpus.yaml")
 
@@ -198,3 +204,114 @@ def test_data_parallel_generation_writes_what_one_engine_writes(tmp_path, four_g
     assert (got / "traces.jsonl").read_bytes() == b"".join(lines)
     assert summary["n_samples"] == ref["n_samples"] == 2 * 8
     assert not list(got.glob(".replica-*"))  # the shares are gone once joined
+
+
+# --- a machine without GPUs: engine groups of small models in slots of one core -------------------
+
+
+@pytest.fixture
+def two_cores(monkeypatch) -> None:
+    monkeypatch.setattr(devices, "node_gpus", lambda: [])  # the mocks: a CPU machine, 2 cores
+    monkeypatch.setattr(devices, "node_cores", lambda: [0, 1])
+    monkeypatch.setattr(devices, "_memory_gb", lambda: 16.0)
+    monkeypatch.delenv("COTGAP_CPU_SLOTS", raising=False)
+
+
+def _overlap(x: dict, y: dict) -> bool:
+    return x is not y and x["start"] < y["end"] and y["start"] < x["end"]
+
+
+def test_small_models_run_their_engine_groups_at_once_one_core_each(tmp_path, two_cores):
+    exp = _experiment(tmp_path)  # every model declares under 1M parameters
+    g = grid.expand(exp)
+    store, stages = Store(exp.root), Recorder()
+    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
+    assert all(store.complete(c.kind, c.key) for c in g)
+    engine = [r for r in stages.runs if r["kind"] in ("traces", "eval")]
+    assert engine and all(len(r["cores"]) == 1 for r in engine)  # a slot of one core each
+    for r in stages.runs:  # never two groups on one core, never more groups than cores
+        running = [o for o in stages.runs if o["start"] <= r["start"] < o["end"]]
+        held = [c for o in running for c in o["cores"]]
+        assert len(held) == len(set(held)) and len(running) <= 2, running
+    traces = [r for r in engine if r["kind"] == "traces"]
+    assert any(_overlap(x, y) for x in traces for y in traces), "no two traces groups overlapped"
+    for r in stages.runs:  # training sets and adapters: not engine groups, one at a time
+        if r["kind"] in ("dataset", "adapter"):
+            assert r["cores"] == [] and not any(_overlap(r, o) for o in stages.runs), r
+    run = next(e for e in schedule.read_events(store) if e["event"] == "run")
+    assert run["cpu_slots"] == [[0], [1]]
+
+
+def test_a_model_that_is_not_small_keeps_one_group_at_a_time_on_every_core(tmp_path, two_cores):
+    exp = _experiment(tmp_path, first_size=7e9)
+    g = grid.expand(exp)
+    store, stages = Store(exp.root), Recorder()
+    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
+    runs = sorted(stages.runs, key=lambda r: r["start"])
+    assert all(a["end"] <= b["start"] for a, b in zip(runs, runs[1:], strict=False))
+    assert all(r["cores"] == [] for r in runs)
+
+
+def test_a_slot_has_its_own_warm_child_bound_to_its_core():
+    """Real children (no engine): each slot's child runs on the slot's core with one thread and
+    serves call after call; the child without a slot runs on every core this process may use."""
+    from helpers import where_am_i
+
+    from harness import engines
+
+    cores = devices.node_cores()
+    log = Path("/tmp") / f"cotgap-slot-test-{os.getpid()}.log"
+    try:
+        with devices.CoreSlots([(cores[-1],)]).hold():
+            first = engines.run_in_child(where_am_i, label="slot", log_path=log, reuse=True)
+            again = engines.run_in_child(where_am_i, label="slot", log_path=log, reuse=True)
+        free = engines.run_in_child(where_am_i, label="no slot", log_path=log, reuse=True)
+    finally:
+        for worker in list(engines._Worker.warm.values()):
+            worker.stop()
+        log.unlink(missing_ok=True)
+    assert first == again  # the same warm child
+    assert first[1] == [cores[-1]] and first[2] == "1"
+    assert free[0] != first[0] and free[1] == cores
+
+
+def test_cells_computed_in_slots_hold_the_bytes_of_one_group_at_a_time(tmp_path, monkeypatch):
+    """Real vLLM engines: one teacher's four trace draws, cut into two runs of two cells on two
+    slots of one core, and the teacher and baseline evals in a slot each, write the files that
+    one engine group at a time on every core writes."""
+    cores = devices.node_cores()
+    if len(cores) < 2:
+        pytest.skip("needs two CPU cores")
+    monkeypatch.setattr(devices, "_memory_gb", lambda: 16.0)  # the mock: room for two slots
+    from harness import engines
+
+    config = sandbox_grid("slots", tmp_path, train_limit=8, test_limit=8)
+    config["teachers"] = config["teachers"][:1]
+    config["generate"] = {**config["generate"], "seeds": [0, 1, 2, 3], "max_tokens": 96}
+    outputs = {}
+    monkeypatch.setattr(engines._Worker, "warm", {})  # this test's warm children, stopped below
+    for slots in ("2", "1"):
+        monkeypatch.setenv("COTGAP_CPU_SLOTS", slots)
+        config["results_dir"] = str(tmp_path / f"slots-{slots}")
+        exp = parse(Experiment, config, "slots.yaml")
+        g = grid.expand(exp)
+        store = Store(exp.root)
+        sched = schedule.Schedule(g, g, store, frozenset({"generate", "evaluate"}))
+        try:
+            schedule.run_local(exp, store, sched)
+        finally:
+            for worker in list(engines._Worker.warm.values()):
+                worker.stop()
+        done = [c for c in g if c.kind in ("traces", "eval") and store.complete(c.kind, c.key)]
+        outputs[slots] = {
+            c.key: {
+                f: h
+                for f, h in store.manifest(c.kind, c.key)["outputs"].items()
+                if f.endswith(".jsonl")
+            }
+            for c in done
+        }
+        run = next(e for e in schedule.read_events(store) if e["event"] == "run")
+        assert len(run["cpu_slots"]) == int(slots)
+    assert len(outputs["2"]) == 4 + 2  # four trace draws, the teacher's and the baseline's eval
+    assert outputs["2"] == outputs["1"]

@@ -291,11 +291,12 @@ def paired(base: EvalResult, post: EvalResult) -> tuple[np.ndarray, np.ndarray]:
 
 
 def leaderboard(
-    exp: Experiment, store: Store
+    exp: Experiment, store: Store, mde: bool = True
 ) -> tuple[pd.DataFrame, dict[str, int], dict[str, int], dict[tuple, dict]]:
     """Rows of every teacher, baseline and distilled cell of the grid, the missing-cell counts,
     the counts of cells re-scored with the current extractor (by kind: eval, traces), and the
-    teacher comparisons of each (task, student, regime) group (`compare_teachers`)."""
+    teacher comparisons of each (task, student, regime) group (`compare_teachers`); `mde`:
+    with each group's minimum detectable effects (simulated: seconds a group)."""
     grid, reader = grids.expand(exp), _Reader(store, exp.data_dir)
     rows: list[dict] = []
     sizes = {m.name: m.size or models.param_count(m) for m in (*exp.teachers, *exp.students)}
@@ -345,7 +346,7 @@ def leaderboard(
         for k, r in raced.items()
     }
     decisions = compare_groups(
-        exp.analysis, groups, {k: (r.decision, summaries[k]) for k, r in raced.items()}
+        exp.analysis, groups, {k: (r.decision, summaries[k]) for k, r in raced.items()}, mde
     )
     for key, rows_of in board[board["row_type"] == "distilled"].groupby(_GROUP, sort=False):
         if key in decisions:  # teachers whose every replicate had nothing to train on
@@ -366,8 +367,9 @@ def _gated(exp: Experiment, grid: grids.Grid, store: Store) -> set[str]:
 
 def race_round(exp: Experiment, store: Store) -> list[Cell]:
     """Under train.race: the cells of the race so far and of its next round, from the cached
-    cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new."""
-    decisions = leaderboard(exp, store)[3]
+    cells alone (harness/analysis/race.py); `cotgap run` computes them until nothing is new.
+    The race reads its decisions only: no minimum detectable effects (the report's)."""
+    decisions = leaderboard(exp, store, mde=False)[3]
     summaries = {k: d["race"] for k, d in decisions.items() if "race" in d}
     grid = grids.expand(exp)
     return race_cells.round_cells(exp, grid, summaries, race.entrants(exp, grid, store))
@@ -469,6 +471,7 @@ def compare_groups(
     a: AnalysisConfig,
     groups: dict[Any, tuple[np.ndarray, dict[str, list[Replicate]]]],
     raced: Mapping[Any, tuple[teacher_level.GroupDecision | None, dict[str, Any]]] | None = None,
+    mde: bool = True,
 ) -> dict[Any, dict[str, Any]]:
     """Every group's decision (`teacher_level.decide_groups` under analysis.multiplicity): every
     teacher against the baseline and every other teacher, with intervals over test items and
@@ -477,7 +480,7 @@ def compare_groups(
     Each decision carries the multiplicity rule's record (`multiplicity`). `raced`: under
     train.race, each group's decision at its race's last look and the race's summary
     (harness/analysis/race.py), which replace the fixed design's decision once the race has
-    taken a look."""
+    taken a look. `mde`: each decision's minimum detectable effects (`_group_mde`)."""
     draws = {k: (base, {t: draws_of(r) for t, r in ts.items()}) for k, (base, ts) in groups.items()}
     decided, record = teacher_level.decide_groups(
         draws, 1 - a.ci, a.effect_of_interest / 100, a.min_replicates, teacher_level.other_task
@@ -489,7 +492,8 @@ def compare_groups(
         d["multiplicity"] = record
         if summary is not None:
             d["race"] = summary
-        d["mde"] = _group_mde(a, d, *draws[key])
+        if mde:
+            d["mde"] = _group_mde(a, d, *draws[key])
         out[key] = d
     return out
 

@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from harness import devices
 from harness.config.schema import ModelSpec
@@ -187,15 +187,17 @@ def run_in_child(
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     reuse = _reuse_default() if reuse is None else reuse
-    # a group holding GPUs of a shared node gets a child of its own that sees only those GPUs
-    worker = _Worker.get() if reuse and not devices.holding() else _Worker()
+    # a group holding GPUs of a shared node gets a child of its own that sees only those GPUs;
+    # a group holding a slot of CPU cores, the slot's warm child (bound to those cores)
+    slot = devices.held_cores()
+    worker = _Worker.get(slot) if reuse and not devices.holding() else _Worker()
     try:
         outcome = worker.call((fn, args, kwargs, str(log_path)), on_event)
     except BaseException:
         worker.stop(kill=True)
         raise
     ok = outcome is not None and outcome[0] == "result"
-    if not ok or worker is not _Worker.warm:
+    if not ok or worker is not _Worker.warm.get(slot):
         worker.stop()  # after a failed call the child exits by itself: it is never reused
     if ok and outcome is not None:
         return outcome[1]
@@ -205,15 +207,22 @@ def run_in_child(
 class _Worker:
     """A child Python process that runs calls sent through its stdin, one after another."""
 
-    warm: _Worker | None = None  # the reusable one, started by the first call that reuses
+    # the reusable ones, by the CPU cores of their slot (None: no slot), each started by the first
+    # call that reuses it; the slots' threads share it, each taking its own slot's child
+    warm: ClassVar[dict[tuple[int, ...] | None, _Worker]] = {}
+    lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
-    def get(cls) -> _Worker:
-        if cls.warm is None or cls.warm.child.poll() is not None:
-            cls.warm = cls()
-        return cls.warm
+    def get(cls, slot: tuple[int, ...] | None = None) -> _Worker:
+        with cls.lock:
+            worker = cls.warm.get(slot)
+            if worker is None or worker.child.poll() is not None:
+                worker = cls.warm[slot] = cls()
+                worker.slot = slot
+            return worker
 
     def __init__(self) -> None:
+        self.slot: tuple[int, ...] | None = None
         messages_r, messages_w = os.pipe()  # child -> parent: events and outcomes
         alive_r, self.alive_w = os.pipe()  # held open here only: EOF in the child = we died
         code = (
@@ -256,8 +265,9 @@ class _Worker:
                 on_event(payload)
 
     def stop(self, kill: bool = False) -> None:
-        if _Worker.warm is self:
-            _Worker.warm = None
+        with _Worker.lock:
+            if _Worker.warm.get(self.slot) is self:
+                del _Worker.warm[self.slot]
         if self.conn.closed:
             return
         if kill:
@@ -338,6 +348,7 @@ def _child_main(messages_fd: int, alive_fd: int) -> None:
         os._exit(70)
 
     threading.Thread(target=exit_when_parent_dies, daemon=True, name="watch-parent").start()
+    devices.bind_to_held_cores()
     conn = Connection(messages_fd, readable=False)
     sys.path[:] = pickle.load(sys.stdin.buffer)  # so that fn's module imports as in the parent
     _emit = lambda event: conn.send(("event", event))  # noqa: E731

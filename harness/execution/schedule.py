@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from harness import progress
+from harness import devices, progress
 from harness.config.schema import Experiment
 from harness.errors import UserError
 from harness.store import Store
@@ -250,9 +250,13 @@ class Schedule:
         self._phase_began: dict[int, float] = {}
         self._phase_planned: dict[int, set[str]] = {}  # the pending keys when a phase began
 
-    def ready(self, lowest_phase: bool, share_workers: bool) -> list[Group]:
+    def ready(
+        self, lowest_phase: bool, share_workers: bool, together: frozenset[str] = frozenset()
+    ) -> list[Group]:
         """Groups whose inputs are done (or not this run's work), taken out of `pending`.
-        `lowest_phase`: only the groups of the lowest ready phase (the local order)."""
+        `lowest_phase`: only the groups of the lowest ready phase (the local order); where
+        those are all of kinds in `together`, every ready group of those kinds joins them (the
+        teacher traces and the evals that need none of them, in slots of CPU cores)."""
         while True:  # a skipped cell can make its dependents ready (to be skipped in turn)
             ready = [c for c in self.pending.values() if self._inputs_ready(c)]
             cells = [c for c in ready if not self._skip(c)]
@@ -260,7 +264,9 @@ class Schedule:
                 break
         if lowest_phase and cells:
             first = min(c.phase for c in cells)
-            cells = [c for c in cells if c.phase == first]
+            lowest = [c for c in cells if c.phase == first]
+            join = together and all(c.kind in together for c in lowest)
+            cells = [c for c in cells if c.kind in together] if join else lowest
         groups = _group(cells, share_workers)
         for g in groups:
             self._start(g)
@@ -436,15 +442,24 @@ def run_local(
     """Compute the schedule's work in this process's children, phase by phase. On a node with
     several GPUs the ready groups run at once, each on the GPUs its model asks for
     (harness/devices.py), as many as fit; elsewhere one after another."""
-    from harness import devices
-
     began = time.perf_counter()
-    sched.emit("run", cells=len(sched.work), pid=os.getpid())
     gpus = devices.node_gpus()
+    slots = cpu_slots(exp, sched.work) if not gpus else []
+    sched.emit("run", cells=len(sched.work), pid=os.getpid(), cpu_slots=[list(c) for c in slots])
+    alloc, cores = devices.Allocator(gpus), devices.CoreSlots(slots)
+
+    def on_gpus(g: Group) -> Any:
+        return alloc.hold(max(c.resources(exp)["gpus"] for c in g.cells))
+
     with PhaseProgress(sched):
-        while groups := sched.ready(lowest_phase=True, share_workers=True):
+        together = SLOT_KINDS if len(slots) > 1 else frozenset()
+        while groups := sched.ready(lowest_phase=True, share_workers=True, together=together):
             if len(gpus) > 1 and len(groups) > 1:
-                _run_on_gpus(exp, store, sched, groups, devices.Allocator(gpus), table)
+                _run_at_once(exp, store, sched, groups, on_gpus, table)
+                continue
+            if len(slots) > 1 and all(g.kind in SLOT_KINDS for g in groups):
+                chunks = split_for_slots(groups, len(slots))
+                _run_at_once(exp, store, sched, chunks, lambda g: cores.hold(), table, len(slots))
                 continue
             for g in groups:
                 t0 = time.perf_counter()
@@ -456,27 +471,62 @@ def run_local(
     return sched.counts
 
 
-def _run_on_gpus(
+# the engine groups that run in a child process of their own (engines.run_stage), so in a slot of
+# CPU cores; a screen loads its student in this process, where two at once are not safe
+SLOT_KINDS = frozenset({"traces", "eval"})
+
+
+def cpu_slots(exp: Experiment, work: Iterable[Cell]) -> list[tuple[int, ...]]:
+    """The slots of CPU cores engine groups run in on a machine without GPUs
+    (harness/devices.py: core_slots): one a core where every model the work's engine cells load
+    is small, else one of every core. From the grid's models, not from what is left to run."""
+    from harness.models import sources
+
+    names = {c.model for c in work if c.kind in SLOT_KINDS}
+    # COTGAP_INPROCESS (engines.inprocess_default): the engines run in this process, one at a time
+    inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
+    if not names or inprocess:
+        return []
+    return devices.core_slots(sources.all_small(exp.model(n) for n in sorted(names)))
+
+
+def split_for_slots(groups: list[Group], slots: int) -> list[Group]:
+    """Groups cut so that `slots` slots share a phase's work evenly: a group of at least two
+    cells a slot is cut into `slots` runs (each its own engine session of the same model), run
+    i taking every slots-th cell from the i-th, so that each run holds its share of every task
+    and draw; the largest runs first, so that the slots, taking the next as each frees, end
+    together. A cell's output does not depend on the session it is in (per-request seeds)."""
+    out: list[Group] = []
+    for g in groups:
+        n = slots if len(g.cells) >= 2 * slots else 1
+        out += [Group(g.kind, g.cells[i::n]) for i in range(n)]
+    return sorted(out, key=lambda g: -len(g.cells))
+
+
+def _run_at_once(
     exp: Experiment,
     store: Store,
     sched: Schedule,
     groups: list[Group],
-    gpus: Any,
+    hold: Callable[[Group], Any],
     table: Mapping[str, StageFn] | None,
+    workers: int | None = None,
 ) -> None:
-    """Run groups at once, each in a thread holding the GPUs its cells ask for (the most any of
-    its cells asks); a group waits until its GPUs are free. The schedule is updated from this
-    thread only. The first failure is raised once every started group has ended."""
+    """Run groups at once, each in a thread holding what `hold(group)` gives it (the GPUs its
+    cells ask for, or a slot of CPU cores); a group waits until that is free, and at most
+    `workers` run at once (default: all). The schedule is updated from this thread only. The
+    first failure is raised once every started group has ended."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     def one(g: Group) -> float:
-        with gpus.hold(max(c.resources(exp)["gpus"] for c in g.cells)):
+        with hold(g):
             t0 = time.perf_counter()
             run_group(exp, store, g, table)
             return time.perf_counter() - t0
 
     failed: BaseException | None = None
-    with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="cotgap-group") as pool:
+    n = min(len(groups), workers or len(groups))
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="cotgap-group") as pool:
         futures = {pool.submit(one, g): g for g in groups}
         for f in as_completed(futures):
             if f.exception() is not None:
@@ -492,7 +542,7 @@ class PhaseProgress:
     bars. It sits between the schedule and its event stream for the run: a phase's and a group's
     start show in the bar instead of a line each (they still go to events.jsonl), and a thread
     counts the running group's cells whose manifest has appeared, so a group of 24 adapters
-    moves the bar cell by cell. Off a terminal it changes nothing."""
+    moves the bar cell by cell (groups running at once too). Off a terminal it changes nothing."""
 
     every = 0.5  # seconds between two looks at the running group's cells
 
@@ -502,7 +552,7 @@ class PhaseProgress:
         self.lock = threading.Lock()
         self.phase_keys: set[str] = set()
         self.finished: set[str] = set()
-        self.running: tuple[str, list[str]] | None = None  # (kind, keys) of the group under way
+        self.running: dict[str, str] = {}  # key -> kind of the cells of the groups under way
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -525,14 +575,17 @@ class PhaseProgress:
                 self.phase_keys = {
                     c.key for c in self.sched.pending.values() if c.phase == fields["phase"]
                 }
-                self.finished, self.running = set(), None
+                self.finished, self.running = set(), {}
                 self.bar.start(self.sched.phase_name(fields["phase"]), len(self.phase_keys))
                 say = None
             elif event == "group":
-                self.running, say = (fields["kind"], list(fields["cells"])), None
+                self.running.update(dict.fromkeys(fields["cells"], fields["kind"]))
+                say = None
             elif event in ("group_done", "skip"):
-                self.finished.update(fields["cells"] if event == "group_done" else [fields["cell"]])
-                self.running = None if event == "group_done" else self.running
+                keys = fields["cells"] if event == "group_done" else [fields["cell"]]
+                self.finished.update(keys)
+                for k in keys:
+                    self.running.pop(k, None)
             elif event == "phase_done":
                 self.bar.finish()
         self.inner(event, say, **fields)
@@ -542,10 +595,9 @@ class PhaseProgress:
     def _count(self) -> None:
         with self.lock:
             done = len(self.finished & self.phase_keys)
-            running = self.running
-        if running:  # cells of the group under way that are complete on disk already
-            kind, keys = running
-            done += sum(k not in self.finished and self.sched.store.complete(kind, k) for k in keys)
+            running = dict(self.running)
+        # cells of the groups under way that are complete on disk already
+        done += sum(self.sched.store.complete(kind, k) for k, kind in running.items())
         self.bar.set(done)
 
     def _loop(self) -> None:

@@ -15,7 +15,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -263,3 +263,21 @@ def param_count(spec: ModelSpec) -> int | None:
             for name in st.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 total += math.prod(st.get_slice(name).get_shape())
     return total
+
+
+SMALL_MODEL = 20_000_000  # parameters: below this a CPU step is mostly per-op Python overhead
+
+
+def all_small(specs: Iterable[ModelSpec]) -> bool:
+    """Whether every model has fewer than SMALL_MODEL parameters (one served, or of a size not
+    known here, is not small): on a CPU such models train and generate one core each
+    (harness/stages/train.py, harness/devices.py: core_slots)."""
+    for spec in specs:
+        if spec.served:
+            return False
+        # a GGUF file is counted after its conversion, which this does not start: not known yet
+        unknown = spec_path(spec).startswith(gguf.PREFIX)
+        n = spec.size if spec.size is not None else None if unknown else param_count(spec)
+        if n is None or n >= SMALL_MODEL:
+            return False
+    return True

@@ -67,13 +67,10 @@ def run(exp: Experiment, store: Store, cells: list[Adapter]) -> dict[str, dict]:
     return done
 
 
-SMALL_MODEL = 20_000_000  # parameters: below this a CPU training step is mostly per-op overhead
-
-
 def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
     """(single-process workers training at once, intra-op threads each; None: torch's default).
 
-    On a CPU, students under SMALL_MODEL parameters train one worker per core, one thread each:
+    On a CPU, students under models.SMALL_MODEL parameters train one worker per core, one thread each:
     their steps are mostly per-op overhead that a second thread does not share (the demo's 24
     adapters: 66.0 s in one two-thread worker, 29.7 s in two one-thread workers, on 2 cores).
     Larger students train in one worker with every thread; on GPUs, one worker per GPU the
@@ -91,8 +88,7 @@ def _workers(exp: Experiment, cells: list[Adapter]) -> tuple[int, int | None]:
         return max(1, len(devices.usable())), None
     if cores == 1:
         return 1, None
-    sizes = [models.param_count(exp.model(s)) for s in dict.fromkeys(c.student for c in cells)]
-    if all(n is not None and n < SMALL_MODEL for n in sizes):
+    if models.all_small(exp.model(s) for s in dict.fromkeys(c.student for c in cells)):
         return cores, 1
     return 1, None
 

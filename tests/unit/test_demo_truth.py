@@ -43,7 +43,7 @@ def test_decided_answers_are_checked_against_the_truth_and_the_rerun(tmp_path: P
     }
     assert rows[2]["demo"] == "inconclusive, distill yes, best set t1;t2"
     cfg = demo_truth.shifted(demo_truth.REPO / "configs" / "sandbox.yaml", 100, tmp_path)
-    assert cfg["generate"]["seeds"] == cfg["train"]["seeds"] == [100, 101, 102]
+    assert cfg["generate"]["seeds"] == cfg["train"]["seeds"] == [100, 101, 102, 103]
 
 
 def test_none_holds_where_the_truth_names_a_teacher_below_the_effect_of_interest() -> None:
