@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: demo check test test-slow test-ladder test-combos lint bench install clean-results real-models real-ladder-models gpu-check
 
 install: $(STAMP)
-	@echo "make install: done, cotgap is in $(VENV). Next: source $(VENV)/bin/activate, then make demo (about 5 min on 2 cores) or cotgap --help"
+	@echo "make install: done, cotgap is in $(VENV). Next: source $(VENV)/bin/activate, then make demo (about 4 min on 2 cores) or cotgap --help"
 
 PIPLOG := $(VENV)/pip-install.log
 PIP := $(BIN)/python -m pip install --disable-pip-version-check $(if $(filter cpu,$(EXTRA)),-c constraints-cpu.txt)
