@@ -441,7 +441,9 @@ def run_local(
 ) -> dict[str, int]:
     """Compute the schedule's work in this process's children, phase by phase. On a node with
     several GPUs the ready groups run at once, each on the GPUs its model asks for
-    (harness/devices.py), as many as fit; elsewhere one after another."""
+    (harness/devices.py), as many as fit; on a machine without GPUs whose models are all small,
+    the traces and eval groups run at once in slots of one core (`cpu_slots`); elsewhere one
+    after another."""
     began = time.perf_counter()
     gpus = devices.node_gpus()
     slots = cpu_slots(exp, sched.work) if not gpus else []
@@ -477,17 +479,17 @@ SLOT_KINDS = frozenset({"traces", "eval"})
 
 
 def cpu_slots(exp: Experiment, work: Iterable[Cell]) -> list[tuple[int, ...]]:
-    """The slots of CPU cores engine groups run in on a machine without GPUs
-    (harness/devices.py: core_slots): one a core where every model the work's engine cells load
-    is small, else one of every core. From the grid's models, not from what is left to run."""
+    """The slots of CPU cores the traces and eval groups of `work` run in on a machine without
+    GPUs (harness/devices.py: core_slots): one a core where every model of the grid is small,
+    else one of every core; none where `work` has no such group. From the grid's models, not
+    from what is left to run, so that a resumed cell gets the cores it would have had."""
     from harness.models import sources
 
-    names = {c.model for c in work if c.kind in SLOT_KINDS}
     # COTGAP_INPROCESS (engines.inprocess_default): the engines run in this process, one at a time
     inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
-    if not names or inprocess:
+    if inprocess or not any(c.kind in SLOT_KINDS for c in work):
         return []
-    return devices.core_slots(sources.all_small(exp.model(n) for n in sorted(names)))
+    return devices.core_slots(sources.all_small([*exp.teachers, *exp.students]))
 
 
 def split_for_slots(groups: list[Group], slots: int) -> list[Group]:
