@@ -30,7 +30,6 @@ _HELD: contextvars.ContextVar[tuple[str, ...] | None] = contextvars.ContextVar(
 _CORES: contextvars.ContextVar[tuple[int, ...] | None] = contextvars.ContextVar(
     "cotgap_cores", default=None
 )
-_SLOT: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("cotgap_slot", default=None)
 CORES_ENV = "COTGAP_CPU_CORES"  # a child's cores: it binds itself to them first thing
 
 
@@ -113,6 +112,12 @@ def visible(gpus: tuple[str, ...]) -> Iterator[None]:
         _HELD.reset(token)
 
 
+def inprocess() -> bool:
+    """COTGAP_INPROCESS=1: engine work runs in the calling process (debuggers, tests), so one
+    group at a time (harness/engines: inprocess_default)."""
+    return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
+
+
 def held_cores() -> tuple[int, ...] | None:
     """The CPU cores this thread's group holds (a slot), or None."""
     return _CORES.get()
@@ -160,9 +165,9 @@ def _memory_gb() -> float:
 
 class _Pool:
     """Things handed out to the threads that run groups: `_hold(n)` waits until n are free,
-    takes the first n and sets `var` to them in the holding thread meanwhile."""
+    takes the first n and sets `var` (if any) to them in the holding thread meanwhile."""
 
-    def __init__(self, things: list, var: contextvars.ContextVar) -> None:
+    def __init__(self, things: list, var: contextvars.ContextVar | None = None) -> None:
         self.free, self.var = list(things), var
         self.cond = threading.Condition()
 
@@ -171,11 +176,12 @@ class _Pool:
         with self.cond:
             self.cond.wait_for(lambda: len(self.free) >= n)
             taken, self.free = tuple(self.free[:n]), self.free[n:]
-        token = self.var.set(taken)
+        token = self.var.set(taken) if self.var is not None else None
         try:
             yield taken
         finally:
-            self.var.reset(token)
+            if self.var is not None and token is not None:
+                self.var.reset(token)
             with self.cond:
                 self.free.extend(taken)
                 self.cond.notify_all()
@@ -186,7 +192,7 @@ class CoreSlots(_Pool):
     from the holding thread run on its cores (`child_env`)."""
 
     def __init__(self, slots: list[tuple[int, ...]]) -> None:
-        super().__init__(slots, _SLOT)
+        super().__init__(slots)
 
     @contextlib.contextmanager
     def hold(self) -> Iterator[tuple[int, ...]]:

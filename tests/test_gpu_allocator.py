@@ -78,6 +78,14 @@ def _experiment(root: Path, first_size: float = 1e5) -> Experiment:
     return parse(Experiment, config, "gpus.yaml")
 
 
+def _runs_in_order(exp: Experiment) -> list[dict]:
+    """The grid run on the recording fake stages: its groups' runs, by start."""
+    g = grid.expand(exp)
+    store, stages = Store(exp.root), Recorder()
+    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
+    return sorted(stages.runs, key=lambda r: r["start"])
+
+
 def test_groups_share_a_four_gpu_node_without_overcommitting(tmp_path, four_gpus):
     exp = _experiment(tmp_path)
     g = grid.expand(exp)
@@ -108,11 +116,7 @@ def test_groups_share_a_four_gpu_node_without_overcommitting(tmp_path, four_gpus
 
 def test_without_several_gpus_groups_run_one_after_another(tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "node_gpus", lambda: [])  # the mock: a CPU machine
-    exp = _experiment(tmp_path)
-    g = grid.expand(exp)
-    store, stages = Store(exp.root), Recorder()
-    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
-    runs = sorted(stages.runs, key=lambda r: r["start"])
+    runs = _runs_in_order(_experiment(tmp_path))
     assert all(a["end"] <= b["start"] for a, b in zip(runs, runs[1:], strict=False))
     assert all(r["gpus"] == [] for r in runs)
 
@@ -243,11 +247,7 @@ def test_small_models_run_their_engine_groups_at_once_one_core_each(tmp_path, tw
 
 
 def test_a_model_that_is_not_small_keeps_one_group_at_a_time_on_every_core(tmp_path, two_cores):
-    exp = _experiment(tmp_path, first_size=7e9)
-    g = grid.expand(exp)
-    store, stages = Store(exp.root), Recorder()
-    schedule.run_local(exp, store, schedule.Schedule(g, g, store, None), stages)
-    runs = sorted(stages.runs, key=lambda r: r["start"])
+    runs = _runs_in_order(_experiment(tmp_path, first_size=7e9))
     assert all(a["end"] <= b["start"] for a, b in zip(runs, runs[1:], strict=False))
     assert all(r["cores"] == [] for r in runs)
 

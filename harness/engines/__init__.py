@@ -152,7 +152,7 @@ def _reuse_default() -> bool:
 
 def inprocess_default() -> bool:
     """COTGAP_INPROCESS=1: engine work runs in the calling process (debuggers, tests)."""
-    return os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
+    return devices.inprocess()
 
 
 def run_in_child(

@@ -485,9 +485,7 @@ def cpu_slots(exp: Experiment, work: Iterable[Cell]) -> list[tuple[int, ...]]:
     from what is left to run, so that a resumed cell gets the cores it would have had."""
     from harness.models import sources
 
-    # COTGAP_INPROCESS (engines.inprocess_default): the engines run in this process, one at a time
-    inprocess = os.environ.get("COTGAP_INPROCESS", "0").lower() in ("1", "true", "yes")
-    if inprocess or not any(c.kind in SLOT_KINDS for c in work):
+    if devices.inprocess() or not any(c.kind in SLOT_KINDS for c in work):
         return []
     return devices.core_slots(sources.all_small([*exp.teachers, *exp.students]))
 
